@@ -1,0 +1,38 @@
+// Building models by config: Hugging Face's AutoModel.from_config / from_pretrained.
+#pragma once
+
+#include "torchpatch/export.h"
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "torchpatch/models/pretrained.h"
+
+namespace torchpatch {
+
+/// Builds the model class `config` names (its `architectures[0]`, else the family's causal LM).
+/// Plain construction: replacements apply only inside an open ApplyPatches scope.
+TORCHPATCH_API std::shared_ptr<PretrainedModel> construct_model(const ModelConfig& config);
+
+/// Builds with the registered patches applied (opens an ApplyPatches scope unless one is open).
+/// Weights are left as constructed.
+TORCHPATCH_API std::shared_ptr<PretrainedModel> from_config(const ModelConfig& config);
+
+/// Reads `dir/config.json` and `dir/model.safetensors`, builds with the registered patches applied and
+/// loads the weights. Throws CheckpointError / ConfigError naming the file and the fault.
+TORCHPATCH_API std::shared_ptr<PretrainedModel> from_pretrained(const std::filesystem::path& dir);
+
+/// Model types torchpatch can build ("llama", ...).
+TORCHPATCH_API std::vector<std::string> supported_model_types();
+
+/// Built-in tiny models with fixed seeds, runnable without downloads.
+TORCHPATCH_API std::vector<std::string> preset_names();
+/// The config of preset `name` (throws ConfigError listing the presets for an unknown name).
+TORCHPATCH_API ModelConfig preset_config(const std::string& name);
+/// Deterministic random weights: Linear ~ N(0,1)/sqrt(in), embeddings N(0,1), norms 1+0.1*N(0,1).
+TORCHPATCH_API void init_random_weights(torch::nn::Module& model, uint64_t seed);
+
+}  // namespace torchpatch

@@ -1,0 +1,63 @@
+// Model configuration: the parsed config.json, with Hugging Face's defaults per family filled in.
+#pragma once
+
+#include "torchpatch/export.h"
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace torchpatch {
+
+/// Rotary embedding parameters after the legacy `rope_theta` / `rope_scaling` fields were merged.
+struct TORCHPATCH_API RopeParameters {
+  std::string rope_type = "default";  ///< "default" or "llama3" (more variants come with other families)
+  double theta = 10000.0;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 0;
+  double partial_rotary_factor = 1.0;
+};
+
+/// The fields every decoder-only family here shares (Llama, Mistral, Qwen2 and the MoE families).
+struct TORCHPATCH_API DecoderConfig {
+  int64_t vocab_size = 32000;
+  int64_t hidden_size = 4096;
+  int64_t intermediate_size = 11008;
+  int64_t num_hidden_layers = 32;
+  int64_t num_attention_heads = 32;
+  int64_t num_key_value_heads = 32;
+  int64_t head_dim = 128;
+  int64_t max_position_embeddings = 2048;
+  double rms_norm_eps = 1e-6;
+  std::string hidden_act = "silu";
+  bool attention_bias = false;
+  bool mlp_bias = false;
+  bool tie_word_embeddings = false;
+  std::optional<int64_t> pad_token_id;
+  RopeParameters rope;
+};
+
+/// A model's configuration: its `model_type`, the typed fields the built-in modules use, and the raw
+/// JSON so replacements can read any field they need.
+struct TORCHPATCH_API ModelConfig {
+  std::string model_type;
+  DecoderConfig decoder;
+  nlohmann::json raw = nlohmann::json::object();
+
+  /// Parses a config.json object; fills Hugging Face's defaults for `model_type`.
+  /// Throws ConfigError naming the field and `source` (a file name, for messages) on bad input.
+  static ModelConfig from_json(const nlohmann::json& json, const std::string& source = "config");
+
+  /// Reads and parses `dir/config.json` (or a config file given directly).
+  static ModelConfig from_file(const std::filesystem::path& path);
+
+  /// Serialises back to a config.json object (the raw fields with the typed ones written over them).
+  nlohmann::json to_json() const;
+};
+
+}  // namespace torchpatch

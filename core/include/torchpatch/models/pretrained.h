@@ -1,0 +1,65 @@
+// The base of every model torchpatch builds: inputs, outputs, config, and its patch points.
+#pragma once
+
+#include "torchpatch/export.h"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+#include "torchpatch/models/config.h"
+#include "torchpatch/patching/module_class.h"
+
+namespace torchpatch {
+
+/// What a forward pass takes. Only input_ids is required.
+struct TORCHPATCH_API ModelInputs {
+  at::Tensor input_ids;       ///< [B, T] int64
+  at::Tensor attention_mask;  ///< [B, T], 1 = real token; undefined = all real
+  at::Tensor position_ids;    ///< [B, T] int64; undefined = 0..T-1
+  at::Tensor token_type_ids;  ///< [B, T] (encoder families)
+  bool output_hidden_states = false;
+};
+
+/// What a forward pass returns; tensors a model does not produce stay undefined.
+struct TORCHPATCH_API ModelOutput {
+  at::Tensor logits;                      ///< [B, T, V] for language-model heads
+  at::Tensor last_hidden_state;           ///< [B, T, H]
+  std::vector<at::Tensor> hidden_states;  ///< L+1 entries when asked (Hugging Face convention)
+};
+
+/// One patch point of a built model.
+struct TORCHPATCH_API PatchPoint {
+  std::string path;  ///< dotted module path, e.g. "model.layers.0.self_attn"
+  std::shared_ptr<PatchableModule> module;
+};
+
+class TORCHPATCH_API PretrainedModel : public torch::nn::Module {
+ public:
+  PretrainedModel(ModelConfig config, std::string class_name);
+  ~PretrainedModel() override;
+
+  virtual ModelOutput forward(const ModelInputs& inputs) = 0;
+
+  const ModelConfig& config() const { return config_; }
+  /// Hugging Face class name, e.g. "LlamaForCausalLM".
+  const std::string& class_name() const { return class_name_; }
+
+  /// Every module built through a patch point, in module-tree order.
+  std::vector<PatchPoint> patch_points() const;
+
+  /// State-dict keys that share another key's tensor and are absent from checkpoints
+  /// (e.g. lm_head.weight -> model.embed_tokens.weight when embeddings are tied).
+  virtual std::map<std::string, std::string> tied_weights() const { return {}; }
+
+ private:
+  ModelConfig config_;
+  std::string class_name_;
+};
+
+}  // namespace torchpatch

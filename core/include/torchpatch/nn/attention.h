@@ -1,0 +1,40 @@
+// Grouped-query self-attention for the decoder families, and the eager attention math it runs.
+#pragma once
+
+#include "torchpatch/export.h"
+
+#include <torch/nn/modules/linear.h>
+
+#include "torchpatch/patching/roles.h"
+
+namespace torchpatch::nn {
+
+/// Eager attention: q [B, nH, Q, hd], k/v [B, nKV, KV, hd] (repeated to nH heads), additive mask
+/// [B, 1, Q, KV] or undefined. Softmax in float32, cast back. Returns [B, Q, nH, hd].
+TORCHPATCH_API at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& mask, double scaling);
+
+/// Self-attention with separate q/k/v/o projections and grouped key/value heads.
+/// State dict: q_proj [nH*hd, H], k_proj [nKV*hd, H], v_proj [nKV*hd, H], o_proj [H, nH*hd]
+/// (+ biases when config.attention_bias).
+class TORCHPATCH_API GqaAttention : public roles::Attention {
+ public:
+  explicit GqaAttention(const BuildContext& ctx);
+
+  at::Tensor forward(const at::Tensor& hidden, const AttentionInputs& inputs) override;
+
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  int64_t num_heads;
+  int64_t num_key_value_heads;
+  int64_t head_dim;
+  int64_t layer_idx;
+  double scaling;  ///< head_dim ** -0.5
+
+ protected:
+  /// The part after the projections, for subclasses that project differently:
+  /// q [B, Q, nH*hd], k/v [B, Q, nKV*hd] -> attention output [B, Q, nH*hd] (before o_proj).
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const AttentionInputs& inputs) const;
+};
+
+}  // namespace torchpatch::nn

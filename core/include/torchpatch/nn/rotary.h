@@ -1,0 +1,44 @@
+// Rotary position embeddings (RoPE): inverse frequencies per variant, cos/sin tables, rotation.
+#pragma once
+
+#include "torchpatch/export.h"
+
+#include <utility>
+
+#include <ATen/core/Tensor.h>
+
+#include "torchpatch/models/config.h"
+
+namespace torchpatch::nn {
+
+/// inv_freq [rot_dim/2] (float32) after the variant's scaling, and the factor cos/sin are scaled by.
+struct TORCHPATCH_API RopeFrequencies {
+  at::Tensor inv_freq;
+  double attention_scaling = 1.0;
+};
+
+/// Hugging Face's ROPE_INIT_FUNCTIONS for the "default" and "llama3" variants.
+/// Throws ConfigError for a variant it does not know.
+TORCHPATCH_API RopeFrequencies rope_frequencies(const DecoderConfig& config);
+
+/// Holds inv_freq (not part of the state dict, as in Hugging Face) and computes cos/sin tables.
+class TORCHPATCH_API RotaryEmbedding {
+ public:
+  RotaryEmbedding() = default;
+  explicit RotaryEmbedding(const DecoderConfig& config);
+
+  /// position_ids [B, Q] -> (cos, sin), each [B, Q, rot_dim], computed in float32, cast to `dtype`.
+  std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& position_ids, c10::ScalarType dtype) const;
+
+  const at::Tensor& inv_freq() const { return freq_.inv_freq; }
+  double attention_scaling() const { return freq_.attention_scaling; }
+
+ private:
+  RopeFrequencies freq_;
+};
+
+/// x [B, heads, Q, hd] rotated by cos/sin [B, Q, rot_dim] (half-split rotate_half); dimensions past
+/// rot_dim pass through unchanged (partial rotary).
+TORCHPATCH_API at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+}  // namespace torchpatch::nn

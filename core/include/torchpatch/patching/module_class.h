@@ -1,0 +1,86 @@
+// What a patch point is built from: module classes (the C++ form of Python's `type[nn.Module]`),
+// their origin, and the context a factory receives.
+#pragma once
+
+#include "torchpatch/export.h"
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include <torch/nn/module.h>
+
+namespace torchpatch {
+
+struct ModelConfig;
+
+/// Where a module class came from: built into libtorchpatch_core or loaded from a plugin file.
+struct TORCHPATCH_API Origin {
+  std::string plugin;   ///< plugin name; empty for built-in classes
+  std::string version;  ///< plugin version
+  std::string file;     ///< path of the plugin's shared object
+
+  bool builtin() const { return plugin.empty(); }
+  /// "builtin" or "plugin NAME VERSION (FILE)".
+  std::string describe() const;
+};
+
+/// Everything a factory may use to build one module.
+struct TORCHPATCH_API BuildContext {
+  const ModelConfig& config;  ///< the whole model's configuration (raw JSON included)
+  int64_t layer_idx = -1;     ///< decoder layer index, -1 outside layers
+  std::string path;           ///< dotted module path, e.g. "model.layers.3.self_attn"
+};
+
+/// How the class of a built module was chosen.
+struct TORCHPATCH_API PatchRecord {
+  std::string key;          ///< the patch-point key asked for, e.g. "LlamaAttention"
+  std::string class_name;   ///< the class actually built, e.g. "CustomLlamaAttention"
+  std::string rule;         ///< "builtin", "exact key" or "pattern 'RX'"
+  Origin origin;
+  bool patched() const { return rule != "builtin"; }
+};
+
+/// Base of every module built through a patch point. Remembers how it was chosen and can report
+/// counters of its own (a call count, for example) to reports and the CLI.
+class TORCHPATCH_API PatchableModule : public torch::nn::Module {
+ public:
+  PatchableModule() = default;
+  ~PatchableModule() override;
+
+  const PatchRecord& patch_record() const { return record_; }
+  void set_patch_record(PatchRecord record) { record_ = std::move(record); }
+
+  /// Named counters a replacement wants to show (empty by default).
+  virtual std::map<std::string, int64_t> counters() const { return {}; }
+
+ private:
+  PatchRecord record_;
+};
+
+/// A module class: a name, the role it fills and a factory. Replacements and built-ins alike.
+struct TORCHPATCH_API ModuleClass {
+  using Factory = std::function<std::shared_ptr<PatchableModule>(const BuildContext&)>;
+  std::string name;  ///< class name as users write it, e.g. "FusedQKVAttention"
+  std::string role;  ///< role name, e.g. "Attention" (see roles.h)
+  Factory factory;
+  Origin origin;
+};
+
+/// Makes the ModuleClass of an implementation type `Impl` that derives from a role and is
+/// constructible from a BuildContext.
+template <typename Impl>
+ModuleClass module_class(std::string name, Origin origin = {}) {
+  ModuleClass cls;
+  cls.name = std::move(name);
+  cls.role = Impl::kRoleName;
+  cls.factory = [](const BuildContext& ctx) -> std::shared_ptr<PatchableModule> {
+    return std::make_shared<Impl>(ctx);
+  };
+  cls.origin = std::move(origin);
+  return cls;
+}
+
+}  // namespace torchpatch

@@ -1,0 +1,31 @@
+// The Registrar: what a plugin's register function fills in (see plugin_api.h).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "torchpatch/export.h"
+#include "torchpatch/patching/module_class.h"
+
+namespace torchpatch {
+
+/// Nothing a plugin adds is applied until its register function returns without throwing; then the
+/// host registers everything or nothing.
+class TORCHPATCH_API Registrar {
+ public:
+  virtual ~Registrar();
+
+  /// Offers `cls` as the replacement for `keys` (Hugging Face class names or regular expressions).
+  /// Loaded as a drop-in plugin, the host registers it under those keys; loaded as a catalogue,
+  /// the class can be chosen by name (`--patch KEY=CLASS`). An empty `keys` offers the class by name only.
+  virtual void add_replacement(const std::vector<std::string>& keys, ModuleClass cls) = 0;
+
+  /// Shorthand: the ModuleClass of `Impl` (constructible from a BuildContext) named `class_name`.
+  template <typename Impl>
+  void add_replacement(std::string class_name, std::vector<std::string> keys) {
+    add_replacement(keys, module_class<Impl>(std::move(class_name)));
+  }
+};
+
+}  // namespace torchpatch

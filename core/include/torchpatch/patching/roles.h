@@ -1,0 +1,56 @@
+// Roles: the abstract interfaces a patch point can be filled with. LibTorch modules have no virtual
+// forward, so each role declares one; built-in classes and replacements derive from a role.
+#pragma once
+
+#include "torchpatch/export.h"
+
+#include <ATen/core/Tensor.h>
+
+#include "torchpatch/patching/module_class.h"
+
+namespace torchpatch {
+
+/// What a decoder layer hands its attention: rotary tables and the mask, computed once per forward.
+struct TORCHPATCH_API AttentionInputs {
+  at::Tensor cos;           ///< [B, Q, rot_dim] rotary cosines (attention scaling applied)
+  at::Tensor sin;           ///< [B, Q, rot_dim] rotary sines
+  at::Tensor mask;          ///< [B, 1, Q, KV] additive float mask (0 or dtype min); undefined = none
+  at::Tensor position_ids;  ///< [B, Q] int64
+};
+
+namespace roles {
+
+/// Decoder self-attention: hidden [B, Q, H] -> [B, Q, H].
+class TORCHPATCH_API Attention : public PatchableModule {
+ public:
+  static constexpr const char* kRoleName = "Attention";
+  ~Attention() override;
+  virtual at::Tensor forward(const at::Tensor& hidden, const AttentionInputs& inputs) = 0;
+};
+
+/// Feed-forward block: [..., H] -> [..., H].
+class TORCHPATCH_API Mlp : public PatchableModule {
+ public:
+  static constexpr const char* kRoleName = "Mlp";
+  ~Mlp() override;
+  virtual at::Tensor forward(const at::Tensor& x) = 0;
+};
+
+/// Normalisation over the last dimension: [..., H] -> [..., H].
+class TORCHPATCH_API Norm : public PatchableModule {
+ public:
+  static constexpr const char* kRoleName = "Norm";
+  ~Norm() override;
+  virtual at::Tensor forward(const at::Tensor& x) = 0;
+};
+
+/// One decoder layer: hidden [B, Q, H] -> [B, Q, H].
+class TORCHPATCH_API DecoderLayer : public PatchableModule {
+ public:
+  static constexpr const char* kRoleName = "DecoderLayer";
+  ~DecoderLayer() override;
+  virtual at::Tensor forward(const at::Tensor& hidden, const AttentionInputs& inputs) = 0;
+};
+
+}  // namespace roles
+}  // namespace torchpatch

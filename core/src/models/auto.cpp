@@ -1,0 +1,100 @@
+#include "torchpatch/models/auto.h"
+
+#include <cmath>
+#include <optional>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include "torchpatch/checkpoint/load.h"
+#include "torchpatch/error.h"
+#include "torchpatch/patching/scope.h"
+#include "models/families.h"
+
+namespace torchpatch {
+
+const std::map<std::string, FamilyEntry>& families() {
+  static const std::map<std::string, FamilyEntry> all = [] {
+    std::map<std::string, FamilyEntry> m;
+    for (auto family : {llama_family()}) m.emplace(family.model_type, std::move(family));
+    return m;
+  }();
+  return all;
+}
+
+std::vector<std::string> supported_model_types() {
+  std::vector<std::string> types;
+  for (const auto& [type, family] : families()) types.push_back(type);
+  return types;
+}
+
+DecoderConfig family_defaults(const std::string& model_type, const std::string& source) {
+  auto it = families().find(model_type);
+  if (it == families().end()) {
+    throw ConfigError(fmt::format("{}: model_type '{}' is not supported (supported: {})", source, model_type,
+                                  fmt::join(supported_model_types(), ", ")));
+  }
+  return it->second.defaults;
+}
+
+std::shared_ptr<PretrainedModel> construct_model(const ModelConfig& config) {
+  const FamilyEntry& family = families().at(config.model_type);
+  std::string cls = family.default_class;
+  const auto& arch = config.raw.find("architectures");
+  if (arch != config.raw.end() && arch->is_array() && !arch->empty() && arch->front().is_string()) {
+    const auto name = arch->front().get<std::string>();
+    if (family.classes.count(name)) cls = name;
+  }
+  return family.classes.at(cls)(config);
+}
+
+std::shared_ptr<PretrainedModel> from_config(const ModelConfig& config) {
+  if (active_patch_mapping()) return construct_model(config);
+  ApplyPatches scope;
+  return construct_model(config);
+}
+
+std::shared_ptr<PretrainedModel> from_pretrained(const std::filesystem::path& dir) {
+  const auto config = ModelConfig::from_file(dir);
+  const auto weights = std::filesystem::is_directory(dir) ? dir / "model.safetensors" : dir.parent_path() / "model.safetensors";
+  if (!std::filesystem::exists(weights)) {
+    throw CheckpointError(fmt::format("{}: no such file (from_pretrained expects config.json and model.safetensors)",
+                                      weights.string()));
+  }
+  auto file = checkpoint::SafetensorsFile::open(weights);
+  auto model = from_config(config);
+  checkpoint::load_weights(*model, {file});
+  return model;
+}
+
+std::vector<std::string> preset_names() { return {"tiny-llama"}; }
+
+ModelConfig preset_config(const std::string& name) {
+  if (name == "tiny-llama") {
+    return ModelConfig::from_json(
+        {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", 256}, {"hidden_size", 64},
+         {"intermediate_size", 128}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+         {"num_key_value_heads", 2}, {"max_position_embeddings", 256}, {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0}},
+        "preset tiny-llama");
+  }
+  throw ConfigError(fmt::format("unknown preset '{}' (presets: {})", name, fmt::join(preset_names(), ", ")));
+}
+
+void init_random_weights(torch::nn::Module& model, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  at::NoGradGuard no_grad;
+  for (auto& item : model.named_parameters()) {
+    const auto& name = item.key();
+    auto& p = item.value();
+    auto noise = at::normal(0.0, 1.0, p.sizes(), gen, p.options());
+    if (name.find("norm") != std::string::npos) {
+      p.copy_(1.0 + 0.1 * noise);
+    } else if (name.find("embed") != std::string::npos || p.dim() < 2) {
+      p.copy_(p.dim() < 2 ? 0.1 * noise : noise);
+    } else {
+      p.copy_(noise / std::sqrt(static_cast<double>(p.size(1))));
+    }
+  }
+}
+
+}  // namespace torchpatch

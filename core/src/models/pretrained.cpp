@@ -1,0 +1,20 @@
+#include "torchpatch/models/pretrained.h"
+
+namespace torchpatch {
+
+PretrainedModel::PretrainedModel(ModelConfig config, std::string class_name)
+    : config_(std::move(config)), class_name_(std::move(class_name)) {}
+
+PretrainedModel::~PretrainedModel() = default;
+
+std::vector<PatchPoint> PretrainedModel::patch_points() const {
+  std::vector<PatchPoint> points;
+  for (const auto& item : named_modules("", /*include_self=*/false)) {
+    if (auto module = std::dynamic_pointer_cast<PatchableModule>(item.value())) {
+      points.push_back({item.key(), std::move(module)});
+    }
+  }
+  return points;
+}
+
+}  // namespace torchpatch

@@ -1,0 +1,21 @@
+#include "torchpatch/nn/decoder_layer.h"
+
+#include "torchpatch/patching/build.h"
+
+namespace torchpatch::nn {
+
+PreNormDecoderLayer::PreNormDecoderLayer(const BuildContext& ctx, const DecoderLayerKeys& keys) {
+  auto child = [&](const char* name) { return BuildContext{ctx.config, ctx.layer_idx, ctx.path + "." + name}; };
+  self_attn = register_module("self_attn", build<roles::Attention>(keys.attention, child("self_attn")));
+  mlp = register_module("mlp", build<roles::Mlp>(keys.mlp, child("mlp")));
+  input_layernorm = register_module("input_layernorm", build<roles::Norm>(keys.norm, child("input_layernorm")));
+  post_attention_layernorm = register_module(
+      "post_attention_layernorm", build<roles::Norm>(keys.norm, child("post_attention_layernorm")));
+}
+
+at::Tensor PreNormDecoderLayer::forward(const at::Tensor& hidden, const AttentionInputs& inputs) {
+  auto h = hidden + self_attn->forward(input_layernorm->forward(hidden), inputs);
+  return h + mlp->forward(post_attention_layernorm->forward(h));
+}
+
+}  // namespace torchpatch::nn

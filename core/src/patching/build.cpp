@@ -1,0 +1,119 @@
+#include "torchpatch/patching/build.h"
+#include "torchpatch/patching/roles.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "models/families.h"
+#include "patching/scope_state.h"
+
+namespace torchpatch {
+
+PatchableModule::~PatchableModule() = default;
+namespace roles {
+Attention::~Attention() = default;
+Mlp::~Mlp() = default;
+Norm::~Norm() = default;
+DecoderLayer::~DecoderLayer() = default;
+}  // namespace roles
+
+std::string Origin::describe() const {
+  if (builtin()) return "builtin";
+  return fmt::format("plugin {} {} ({})", plugin, version, file);
+}
+
+const std::map<std::string, ModuleClass>& builtin_classes() {
+  static const std::map<std::string, ModuleClass> classes = [] {
+    std::map<std::string, ModuleClass> all;
+    add_llama_builtins(all);
+    return all;
+  }();
+  return classes;
+}
+
+std::string patch_point_role(const std::string& key) {
+  const auto& classes = builtin_classes();
+  auto it = classes.find(key);
+  return it == classes.end() ? std::string() : it->second.role;
+}
+
+namespace {
+
+// "BertSelfAttention" -> {"Attention", "SelfAttention", "BertSelfAttention"}
+std::vector<std::string> camel_suffixes(const std::string& name) {
+  std::vector<std::string> out;
+  for (std::size_t i = name.size(); i-- > 0;) {
+    if (std::isupper(static_cast<unsigned char>(name[i]))) out.push_back(name.substr(i));
+  }
+  return out;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+std::string suggest_narrower_pattern(const std::string& key, const std::string& wanted_role) {
+  // The shortest CamelCase suffix shared by the most keys of the wanted role that `key` lacks.
+  std::map<std::string, int> votes;
+  for (const auto& [name, cls] : builtin_classes()) {
+    if (cls.role != wanted_role) continue;
+    for (const auto& suffix : camel_suffixes(name)) {
+      if (!ends_with(key, suffix)) votes[suffix]++;
+    }
+  }
+  std::string best;
+  int best_votes = 0;
+  for (const auto& [suffix, count] : votes) {
+    if (count > best_votes || (count == best_votes && suffix.size() < best.size())) {
+      best = suffix;
+      best_votes = count;
+    }
+  }
+  return best.empty() ? std::string() : ".*" + best + "$";
+}
+
+namespace detail {
+
+std::shared_ptr<PatchableModule> build_module(const std::string& key, const char* role,
+                                              const BuildContext& ctx) {
+  const ModuleClass* cls = nullptr;
+  std::string rule = "builtin";
+  if (auto* scope = active_patch_scope()) {
+    if (auto match = scope->mapping.find(key)) {
+      cls = &match->entry->cls;
+      rule = match->rule();
+      if (cls->role != role) {
+        std::string hint = suggest_narrower_pattern(key, cls->role);
+        throw PatchError(fmt::format(
+            "patch point '{}' at {} needs role {}, but {} maps it to '{}' of role {}{}", key,
+            ctx.path, role, match->exact ? "the exact key '" + key + "'" : rule, cls->name, cls->role,
+            hint.empty() ? std::string("; use an exact class name as key")
+                         : fmt::format("; use a narrower pattern such as '{}'", hint)));
+      }
+      std::lock_guard<std::mutex> lock(scope->mutex);
+      scope->hits[static_cast<std::size_t>(match->entry - scope->mapping.entries().data())]++;
+    }
+  }
+  if (!cls) {
+    const auto& builtins = builtin_classes();
+    auto it = builtins.find(key);
+    if (it == builtins.end()) {
+      throw PatchError(fmt::format("patch point '{}' at {}: no built-in class and no replacement", key,
+                                   ctx.path));
+    }
+    cls = &it->second;
+  }
+  std::shared_ptr<PatchableModule> module = cls->factory(ctx);
+  if (!module) {
+    throw PatchError(fmt::format("patch point '{}' at {}: factory of '{}' returned null", key, ctx.path,
+                                 cls->name));
+  }
+  module->set_patch_record(PatchRecord{key, cls->name, rule, cls->origin});
+  return module;
+}
+
+}  // namespace detail
+}  // namespace torchpatch

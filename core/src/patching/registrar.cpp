@@ -1,0 +1,5 @@
+#include "torchpatch/patching/registrar.h"
+
+namespace torchpatch {
+Registrar::~Registrar() = default;
+}  // namespace torchpatch

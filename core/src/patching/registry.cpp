@@ -1,0 +1,194 @@
+#include "torchpatch/patching/registry.h"
+
+#include <set>
+
+#include <boost/regex.hpp>
+#include <fmt/format.h>
+
+#include "torchpatch/error.h"
+#include "torchpatch/patching/build.h"
+
+namespace torchpatch {
+
+struct PatchMapping::CompiledPattern {
+  boost::regex regex;
+};
+
+namespace {
+
+std::shared_ptr<const PatchMapping::CompiledPattern> compile_pattern(const std::string& key) {
+  try {
+    // ECMAScript syntax is what Python's `re` users write; search semantics are applied in find().
+    return std::make_shared<const PatchMapping::CompiledPattern>(
+        PatchMapping::CompiledPattern{boost::regex(key, boost::regex::ECMAScript)});
+  } catch (const boost::regex_error& e) {
+    throw PatchError(fmt::format("Invalid regex pattern '{}': {}. Use an exact class name or a valid "
+                                 "regular expression.",
+                                 key, e.what()));
+  }
+}
+
+void validate_entry(const std::string& key, const ModuleClass& cls) {
+  if (key.empty()) throw PatchError("Patch mapping key must not be empty");
+  if (!cls.factory) {
+    throw PatchError(fmt::format("Replacement for '{}' must be a class, got a null factory{}", key,
+                                 cls.name.empty() ? "" : " (class '" + cls.name + "')"));
+  }
+  if (cls.role.empty()) {
+    throw PatchError(fmt::format("Replacement class '{}' for '{}' declares no role", cls.name, key));
+  }
+  const std::string expected = patch_point_role(key);
+  if (!expected.empty() && expected != cls.role) {
+    throw PatchError(fmt::format(
+        "Replacement class '{}' for '{}' has role {}, but '{}' is a patch point of role {}", cls.name,
+        key, cls.role, key, expected));
+  }
+}
+
+}  // namespace
+
+std::string PatchMapping::Match::rule() const {
+  return exact ? "exact key" : "pattern '" + entry->key + "'";
+}
+
+PatchMapping::PatchMapping() = default;
+PatchMapping::~PatchMapping() = default;
+PatchMapping::PatchMapping(const PatchMapping&) = default;
+PatchMapping& PatchMapping::operator=(const PatchMapping&) = default;
+PatchMapping::PatchMapping(PatchMapping&&) noexcept = default;
+PatchMapping& PatchMapping::operator=(PatchMapping&&) noexcept = default;
+
+PatchMapping::PatchMapping(const Items& items, bool overwrite) { insert(items, overwrite); }
+
+const ModuleClass* PatchMapping::get(const std::string& key) const {
+  for (const auto& entry : entries_) {
+    if (entry.key == key) return &entry.cls;
+  }
+  return nullptr;
+}
+
+std::optional<PatchMapping::Match> PatchMapping::find(const std::string& class_name) const {
+  for (const auto& entry : entries_) {
+    if (entry.key == class_name) return Match{&entry, true};
+  }
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    if (entries_[i].key == class_name) continue;
+    if (boost::regex_search(class_name, patterns_[i]->regex)) return Match{&entries_[i], false};
+  }
+  return std::nullopt;
+}
+
+void PatchMapping::insert(const Items& items, bool overwrite) {
+  // Validate everything against a working copy first: all or nothing.
+  std::vector<Entry> entries = entries_;
+  auto patterns = patterns_;
+  for (const auto& [key, cls] : items) {
+    validate_entry(key, cls);
+    auto compiled = compile_pattern(key);
+    auto it = std::find_if(entries.begin(), entries.end(), [&](const Entry& e) { return e.key == key; });
+    if (it != entries.end()) {
+      if (!overwrite) {
+        throw PatchError(fmt::format("Class '{}' already has a patch mapping registered{}. Use "
+                                     "overwrite=true to replace it.",
+                                     key,
+                                     it->cls.origin.builtin() ? "" : " by " + it->cls.origin.describe()));
+      }
+      it->cls = cls;  // keeps its position, as a Python dict does
+    } else {
+      entries.push_back({key, cls});
+      patterns.push_back(std::move(compiled));
+    }
+  }
+  entries_ = std::move(entries);
+  patterns_ = std::move(patterns);
+}
+
+void PatchMapping::erase(const std::vector<std::string>& keys) {
+  std::set<std::string> doomed;
+  for (const auto& key : keys) {
+    if (!contains(key)) {
+      throw PatchError(fmt::format("Class or pattern '{}' not found in monkey patch mapping cache. "
+                                   "Cannot unregister a class that is not registered.",
+                                   key));
+    }
+    doomed.insert(key);
+  }
+  std::vector<Entry> entries;
+  std::vector<std::shared_ptr<const CompiledPattern>> patterns;
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    if (doomed.count(entries_[i].key)) continue;
+    entries.push_back(std::move(entries_[i]));
+    patterns.push_back(std::move(patterns_[i]));
+  }
+  entries_ = std::move(entries);
+  patterns_ = std::move(patterns);
+}
+
+void PatchMapping::clear() {
+  entries_.clear();
+  patterns_.clear();
+}
+
+void PatchRegistry::register_patch_mapping(const PatchMapping::Items& mapping, bool overwrite) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  mapping_.insert(mapping, overwrite);
+}
+
+void PatchRegistry::unregister_patch_mapping(const std::vector<std::string>& keys) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  mapping_.erase(keys);
+}
+
+void PatchRegistry::clear_patch_mapping() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  mapping_.clear();
+}
+
+PatchMapping PatchRegistry::get_patch_mapping() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return mapping_;
+}
+
+PatchRegistry& global_registry() {
+  static PatchRegistry registry;
+  return registry;
+}
+
+void register_patch_mapping(const PatchMapping::Items& mapping, bool overwrite) {
+  global_registry().register_patch_mapping(mapping, overwrite);
+}
+void unregister_patch_mapping(const std::vector<std::string>& keys) {
+  global_registry().unregister_patch_mapping(keys);
+}
+void clear_patch_mapping() { global_registry().clear_patch_mapping(); }
+PatchMapping get_patch_mapping() { return global_registry().get_patch_mapping(); }
+
+ScopedPatchMapping::ScopedPatchMapping(PatchMapping::Items mapping, bool overwrite,
+                                       PatchRegistry& registry)
+    : registry_(registry) {
+  const PatchMapping before = registry_.get_patch_mapping();
+  registry_.register_patch_mapping(mapping, overwrite);
+  for (auto& item : mapping) {
+    if (const ModuleClass* previous = before.get(item.first)) replaced_.emplace_back(item.first, *previous);
+  }
+  registered_ = std::move(mapping);
+}
+
+ScopedPatchMapping::~ScopedPatchMapping() {
+  // Take out what this guard added (if nobody else removed it already), then put back what it replaced.
+  const PatchMapping now = registry_.get_patch_mapping();
+  std::vector<std::string> keys;
+  for (const auto& item : registered_) {
+    const bool was_replacement = std::any_of(replaced_.begin(), replaced_.end(),
+                                             [&](const auto& r) { return r.first == item.first; });
+    if (!was_replacement && now.contains(item.first)) keys.push_back(item.first);
+  }
+  try {
+    if (!keys.empty()) registry_.unregister_patch_mapping(keys);
+    if (!replaced_.empty()) registry_.register_patch_mapping(replaced_, /*overwrite=*/true);
+  } catch (...) {
+    // A destructor must not throw; the registry is left as the concurrent change made it.
+  }
+}
+
+}  // namespace torchpatch

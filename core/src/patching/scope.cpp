@@ -1,0 +1,46 @@
+#include "torchpatch/patching/scope.h"
+
+#include <mutex>
+
+#include "patching/scope_state.h"
+
+namespace torchpatch {
+
+namespace {
+thread_local std::vector<ApplyPatches::State*> scope_stack;
+}  // namespace
+
+ApplyPatches::ApplyPatches() : ApplyPatches(get_patch_mapping()) {}
+
+ApplyPatches::ApplyPatches(PatchMapping mapping) : state_(std::make_shared<State>()) {
+  state_->mapping = std::move(mapping);
+  state_->hits.assign(state_->mapping.size(), 0);
+  scope_stack.push_back(state_.get());
+}
+
+ApplyPatches::~ApplyPatches() {
+  // Scopes are RAII objects, so they close in reverse order of opening.
+  if (!scope_stack.empty() && scope_stack.back() == state_.get()) scope_stack.pop_back();
+}
+
+const PatchMapping& ApplyPatches::mapping() const { return state_->mapping; }
+
+std::vector<std::string> ApplyPatches::unmatched_keys() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  std::vector<std::string> keys;
+  for (std::size_t i = 0; i < state_->hits.size(); ++i) {
+    if (state_->hits[i] == 0) keys.push_back(state_->mapping.entries()[i].key);
+  }
+  return keys;
+}
+
+namespace detail {
+ApplyPatches::State* active_patch_scope() { return scope_stack.empty() ? nullptr : scope_stack.back(); }
+}  // namespace detail
+
+const PatchMapping* active_patch_mapping() {
+  auto* state = detail::active_patch_scope();
+  return state ? &state->mapping : nullptr;
+}
+
+}  // namespace torchpatch

@@ -1,0 +1,92 @@
+// The plugin host: finds plugin shared objects, checks their descriptors, calls their register
+// functions and puts what they offer into a patch registry (drop-in) or a catalogue (by name).
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "torchpatch/patching/module_class.h"
+#include "torchpatch/patching/registry.h"
+
+namespace torchpatch {
+
+/// How a plugin's replacements are used once loaded.
+enum class PluginMode {
+  DropIn,     ///< registered under the keys they declare
+  Catalogue,  ///< only offered by class name (the bundled plugins)
+};
+
+/// A class a plugin offers.
+struct OfferedClass {
+  std::string name;
+  std::string role;
+  std::vector<std::string> keys;  ///< keys the plugin declares for it
+};
+
+/// What happened to one plugin file.
+struct PluginRecord {
+  enum class Status { Loaded, Refused, Duplicate };
+  std::filesystem::path path;
+  std::string name;     ///< from the descriptor (empty when it could not be read)
+  std::string version;
+  Status status = Status::Refused;
+  std::string reason;   ///< why it was refused or skipped as a duplicate
+  PluginMode mode = PluginMode::DropIn;
+  std::vector<OfferedClass> classes;
+
+  /// "loaded", "refused" or "duplicate".
+  const char* status_name() const;
+};
+
+struct PluginHostOptions {
+  /// A refused plugin throws PluginError instead of being skipped.
+  bool strict = false;
+  /// Load plugin files or directories that anyone may write to.
+  bool allow_world_writable = false;
+};
+
+/// Loads plugins into `registry` (the global one by default). Libraries are never unloaded: objects
+/// their code made may outlive any handle, so they stay mapped until the process exits.
+class PluginHost {
+ public:
+  explicit PluginHost(PluginHostOptions options = {}, PatchRegistry& registry = global_registry());
+  ~PluginHost();
+  PluginHost(const PluginHost&) = delete;
+  PluginHost& operator=(const PluginHost&) = delete;
+
+  /// Loads every `*.so` in `dir` (sorted by name). A missing directory is recorded as refused.
+  void load_directory(const std::filesystem::path& dir, PluginMode mode = PluginMode::DropIn);
+  /// Loads one plugin file; returns its record (refused, with the reason, on any failure).
+  PluginRecord load_file(const std::filesystem::path& file, PluginMode mode = PluginMode::DropIn);
+  /// Loads the directories of a colon-separated path list (e.g. $TORCHPATCH_PLUGIN_PATH) as drop-ins.
+  void load_path_list(const std::string& paths);
+
+  /// Every file seen, in load order.
+  const std::vector<PluginRecord>& plugins() const { return records_; }
+  std::vector<PluginRecord> refused() const;
+
+  /// A class offered by a loaded plugin, or a built-in class, by name.
+  std::optional<ModuleClass> find_class(const std::string& name) const;
+  /// Classes offered by loaded plugins, in load order.
+  const std::vector<ModuleClass>& offered_classes() const { return classes_; }
+
+  /// Registers class `class_name` (offered or built in) under `key`: the explicit choice that
+  /// resolves conflicts (`--patch KEY=CLASS`). Throws PatchError for an unknown class.
+  void patch(const std::string& key, const std::string& class_name, bool overwrite = true);
+
+ private:
+  PluginRecord& refuse(PluginRecord& record, std::string reason);
+  PluginHostOptions options_;
+  PatchRegistry& registry_;
+  std::vector<PluginRecord> records_;
+  std::vector<ModuleClass> classes_;
+  std::vector<std::pair<std::string, std::size_t>> dropin_keys_;  // key -> index into records_
+};
+
+/// Where the bundled plugins live relative to the running executable (`<exe>/../lib/torchpatch/plugins`).
+std::filesystem::path bundled_plugin_dir();
+
+}  // namespace torchpatch

@@ -1,0 +1,291 @@
+#include "torchpatch/plugin_host.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <set>
+
+#include <boost/dll/shared_library.hpp>
+#include <fmt/format.h>
+#include <torch/version.h>
+
+#include "torchpatch/error.h"
+#include "torchpatch/patching/build.h"
+#include "torchpatch/plugin_api.h"
+
+namespace torchpatch {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Libraries stay loaded until the process exits; the list itself is deliberately never destroyed,
+// so no destructor order at exit can unload a library whose code is still referenced.
+std::vector<boost::dll::shared_library>& loaded_libraries() {
+  static auto* libraries = new std::vector<boost::dll::shared_library>();
+  return *libraries;
+}
+
+// Identity of loaded files (device, inode) and names, process-wide: one load per file and name.
+struct LoadedIdentity {
+  dev_t device;
+  ino_t inode;
+  std::string name;
+  std::string path;
+};
+std::vector<LoadedIdentity>& loaded_identities() {
+  static auto* identities = new std::vector<LoadedIdentity>();
+  return *identities;
+}
+std::mutex& load_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+class CollectingRegistrar : public Registrar {
+ public:
+  struct Offer {
+    std::vector<std::string> keys;
+    ModuleClass cls;
+  };
+  void add_replacement(const std::vector<std::string>& keys, ModuleClass cls) override {
+    offers.push_back({keys, std::move(cls)});
+  }
+  std::vector<Offer> offers;
+};
+
+std::string safe_string(const char* s) { return s ? std::string(s) : std::string("(null)"); }
+
+}  // namespace
+
+const char* PluginRecord::status_name() const {
+  switch (status) {
+    case Status::Loaded: return "loaded";
+    case Status::Refused: return "refused";
+    case Status::Duplicate: return "duplicate";
+  }
+  return "?";
+}
+
+PluginHost::PluginHost(PluginHostOptions options, PatchRegistry& registry)
+    : options_(options), registry_(registry) {}
+
+PluginHost::~PluginHost() = default;
+
+PluginRecord& PluginHost::refuse(PluginRecord& record, std::string reason) {
+  record.status = PluginRecord::Status::Refused;
+  record.reason = std::move(reason);
+  if (options_.strict) {
+    throw PluginError(fmt::format("plugin {}: {}", record.path.string(), record.reason));
+  }
+  return record;
+}
+
+void PluginHost::load_directory(const fs::path& dir, PluginMode mode) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    PluginRecord record;
+    record.path = dir;
+    record.mode = mode;
+    records_.push_back(record);
+    refuse(records_.back(), "plugin directory does not exist or is not a directory");
+    return;
+  }
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) == 0 && (st.st_mode & S_IWOTH) && !options_.allow_world_writable) {
+    PluginRecord record;
+    record.path = dir;
+    record.mode = mode;
+    records_.push_back(record);
+    refuse(records_.back(), "plugin directory is world-writable; refusing to load from it "
+                            "(allow_world_writable / --allow-world-writable overrides)");
+    return;
+  }
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (entry.path().extension() == ".so") files.push_back(entry.path());
+  }
+  std::sort(files.begin(), files.end());
+  for (const auto& file : files) load_file(file, mode);
+}
+
+void PluginHost::load_path_list(const std::string& paths) {
+  std::size_t start = 0;
+  while (start <= paths.size()) {
+    const std::size_t end = std::min(paths.find(':', start), paths.size());
+    const std::string dir = paths.substr(start, end - start);
+    if (!dir.empty()) load_directory(dir, PluginMode::DropIn);
+    start = end + 1;
+  }
+}
+
+PluginRecord PluginHost::load_file(const fs::path& file, PluginMode mode) {
+  std::lock_guard<std::mutex> lock(load_mutex());
+  records_.push_back(PluginRecord{});
+  const std::size_t index = records_.size() - 1;
+  PluginRecord& record = records_.back();
+  record.path = file;
+  record.mode = mode;
+
+  // -- the file itself
+  struct stat st {};
+  if (::stat(file.c_str(), &st) != 0) return refuse(record, "no such file");
+  if (!S_ISREG(st.st_mode)) return refuse(record, "not a regular file");
+  if ((st.st_mode & S_IWOTH) && !options_.allow_world_writable) {
+    return refuse(record, "plugin file is world-writable; refusing to load it "
+                          "(allow_world_writable / --allow-world-writable overrides)");
+  }
+  for (const auto& loaded : loaded_identities()) {
+    if (loaded.device == st.st_dev && loaded.inode == st.st_ino) {
+      record.status = PluginRecord::Status::Duplicate;
+      record.name = loaded.name;
+      record.reason = fmt::format("same file as {}, already loaded", loaded.path);
+      return record;
+    }
+  }
+
+  // -- load and check the descriptor before anything C++ crosses the boundary
+  boost::dll::shared_library library;
+  try {
+    library.load(boost::dll::fs::path(file.string()), boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+  } catch (const std::exception& e) {
+    return refuse(record, fmt::format("not a loadable shared object: {}", e.what()));
+  }
+  if (!library.has(TORCHPATCH_DESCRIPTOR_SYMBOL)) {
+    return refuse(record, fmt::format("missing entry point '{}': not a torchpatch plugin (declare it with "
+                                      "TORCHPATCH_PLUGIN)",
+                                      TORCHPATCH_DESCRIPTOR_SYMBOL));
+  }
+  auto describe = library.get_alias<const TorchpatchPluginDescriptor*()>(TORCHPATCH_DESCRIPTOR_SYMBOL);
+  const TorchpatchPluginDescriptor* d = describe();
+  if (!d) return refuse(record, "descriptor entry point returned null");
+  if (d->abi_version != TORCHPATCH_PLUGIN_ABI_VERSION) {
+    return refuse(record, fmt::format("plugin ABI version {}, but this host speaks version {}; rebuild the "
+                                      "plugin against this torchpatch",
+                                      d->abi_version, TORCHPATCH_PLUGIN_ABI_VERSION));
+  }
+  if (d->struct_size < sizeof(TorchpatchPluginDescriptor)) {
+    return refuse(record, fmt::format("descriptor is {} bytes, expected at least {}", d->struct_size,
+                                      sizeof(TorchpatchPluginDescriptor)));
+  }
+  record.name = safe_string(d->name);
+  record.version = safe_string(d->version);
+  if (d->torch_major != TORCH_VERSION_MAJOR || d->torch_minor != TORCH_VERSION_MINOR ||
+      d->torch_patch != TORCH_VERSION_PATCH) {
+    return refuse(record, fmt::format("plugin '{}' was built against LibTorch {}.{}.{}, but this host runs "
+                                      "LibTorch {}.{}.{}",
+                                      record.name, d->torch_major, d->torch_minor, d->torch_patch,
+                                      TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH));
+  }
+  if (d->cxx11_abi != _GLIBCXX_USE_CXX11_ABI) {
+    return refuse(record, fmt::format("plugin '{}' was built with _GLIBCXX_USE_CXX11_ABI={}, this host with {}",
+                                      record.name, d->cxx11_abi, _GLIBCXX_USE_CXX11_ABI));
+  }
+  for (const auto& loaded : loaded_identities()) {
+    if (loaded.name == record.name) {
+      record.status = PluginRecord::Status::Duplicate;
+      record.reason = fmt::format("plugin '{}' is already loaded from {}", record.name, loaded.path);
+      return record;
+    }
+  }
+  if (!library.has(TORCHPATCH_REGISTER_SYMBOL)) {
+    return refuse(record, fmt::format("missing entry point '{}'", TORCHPATCH_REGISTER_SYMBOL));
+  }
+
+  // -- register: collect everything, apply all or nothing
+  CollectingRegistrar registrar;
+  try {
+    library.get_alias<void(Registrar&)>(TORCHPATCH_REGISTER_SYMBOL)(registrar);
+  } catch (const std::exception& e) {
+    return refuse(record, fmt::format("register function threw: {}", e.what()));
+  } catch (...) {
+    return refuse(record, "register function threw a non-standard exception");
+  }
+  const Origin origin{record.name, record.version, file.string()};
+  PatchMapping::Items items;
+  std::vector<OfferedClass> offered;
+  for (auto& offer : registrar.offers) {
+    offer.cls.origin = origin;
+    if (!offer.cls.factory) return refuse(record, fmt::format("class '{}' has no factory", offer.cls.name));
+    if (offer.cls.name.empty()) return refuse(record, "a replacement class has no name");
+    if (find_class(offer.cls.name)) {
+      const auto existing = find_class(offer.cls.name)->origin;
+      return refuse(record, fmt::format("class '{}' is already offered by {}", offer.cls.name, existing.describe()));
+    }
+    for (const auto& key : offer.keys) {
+      const std::string expected = patch_point_role(key);
+      if (!expected.empty() && expected != offer.cls.role) {
+        return refuse(record, fmt::format("class '{}' has role {}, but its key '{}' is a patch point of role {}",
+                                          offer.cls.name, offer.cls.role, key, expected));
+      }
+      if (mode == PluginMode::DropIn) {
+        for (const auto& [other_key, other] : dropin_keys_) {
+          if (other_key == key) {
+            const auto& o = records_[other];
+            return refuse(record, fmt::format("key '{}' conflicts: plugin '{}' ({}) and plugin '{}' ({}) both declare "
+                                              "it; choose one with --patch {}=CLASS",
+                                              key, o.name, o.path.string(), record.name, file.string(), key));
+          }
+        }
+        items.emplace_back(key, offer.cls);
+      }
+    }
+    offered.push_back({offer.cls.name, offer.cls.role, offer.keys});
+  }
+  if (!items.empty()) {
+    try {
+      registry_.register_patch_mapping(items, /*overwrite=*/false);
+    } catch (const Error& e) {
+      return refuse(record, e.what());
+    }
+  }
+
+  // -- accepted
+  for (const auto& offer : registrar.offers) classes_.push_back(offer.cls);
+  if (mode == PluginMode::DropIn) {
+    for (const auto& item : items) dropin_keys_.emplace_back(item.first, index);
+  }
+  record.classes = std::move(offered);
+  record.status = PluginRecord::Status::Loaded;
+  loaded_identities().push_back({st.st_dev, st.st_ino, record.name, file.string()});
+  loaded_libraries().push_back(std::move(library));
+  return record;
+}
+
+std::vector<PluginRecord> PluginHost::refused() const {
+  std::vector<PluginRecord> out;
+  for (const auto& r : records_) {
+    if (r.status == PluginRecord::Status::Refused) out.push_back(r);
+  }
+  return out;
+}
+
+std::optional<ModuleClass> PluginHost::find_class(const std::string& name) const {
+  for (const auto& cls : classes_) {
+    if (cls.name == name) return cls;
+  }
+  const auto& builtins = builtin_classes();
+  if (auto it = builtins.find(name); it != builtins.end()) return it->second;
+  return std::nullopt;
+}
+
+void PluginHost::patch(const std::string& key, const std::string& class_name, bool overwrite) {
+  auto cls = find_class(class_name);
+  if (!cls) {
+    std::vector<std::string> names;
+    for (const auto& c : classes_) names.push_back(c.name);
+    throw PatchError(fmt::format("--patch {}={}: no class named '{}' (offered by plugins: {})", key, class_name,
+                                 class_name, names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "))));
+  }
+  registry_.register_patch_mapping({{key, *cls}}, overwrite);
+}
+
+fs::path bundled_plugin_dir() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return {};
+  return exe.parent_path().parent_path() / "lib" / "torchpatch" / "plugins";
+}
+
+}  // namespace torchpatch
