@@ -1,1 +1,51 @@
-int main() { return 0; }
+// torchpatch: swap the building blocks of transformer models from the command line.
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "args.h"
+#include "commands.h"
+#include "torchpatch/error.h"
+
+namespace {
+
+const char* kUsage = R"(usage: torchpatch <command> [options]
+
+Build Hugging Face transformer models with their building blocks replaced by plugins.
+
+commands:
+  plugins   list plugins found, loaded and refused (with the reason)
+  plan      show the module tree and what each patch point becomes
+  run       run a forward pass and print the most likely next tokens
+
+Run 'torchpatch <command> --help' for a command's options.
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace torchpatch::cli;
+  const std::vector<std::string> all(argv + 1, argv + argc);
+  if (all.empty() || all[0] == "--help" || all[0] == "-h" || all[0] == "help") {
+    std::cout << kUsage;
+    return all.empty() ? 2 : 0;
+  }
+  const std::string command = all[0];
+  const std::vector<std::string> rest(all.begin() + 1, all.end());
+  try {
+    if (command == "plugins") return cmd_plugins(rest);
+    if (command == "plan") return cmd_plan(rest);
+    if (command == "run") return cmd_run(rest);
+    std::cerr << "torchpatch: unknown command '" << command << "'\n\n" << kUsage;
+    return 2;
+  } catch (const UsageError& e) {
+    std::cerr << "torchpatch " << command << ": " << e.what() << "\n(see 'torchpatch " << command << " --help')\n";
+    return 2;
+  } catch (const torchpatch::Error& e) {
+    std::cerr << "torchpatch " << command << ": error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "torchpatch " << command << ": error: " << e.what() << "\n";
+    return 1;
+  }
+}

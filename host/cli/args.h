@@ -1,0 +1,46 @@
+// A small command-line parser: each command declares its options; anything else is a usage error.
+#pragma once
+
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace torchpatch::cli {
+
+/// Wrong arguments: printed with the command's usage, exit code 2.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct OptionSpec {
+  std::string name;        ///< without dashes, e.g. "model"
+  std::string value_name;  ///< e.g. "DIR"; empty for a flag
+  std::string help;
+  bool repeatable = false;
+};
+
+class Args {
+ public:
+  /// Parses argv of one command; throws UsageError for unknown options or missing values.
+  Args(const std::vector<OptionSpec>& specs, const std::vector<std::string>& argv);
+
+  bool flag(const std::string& name) const { return values_.count(name) > 0; }
+  bool has(const std::string& name) const { return values_.count(name) > 0; }
+  /// The value of a single-valued option ("" when absent).
+  std::string value(const std::string& name) const;
+  /// All values of a repeatable option.
+  std::vector<std::string> values(const std::string& name) const;
+
+ private:
+  std::map<std::string, std::vector<std::string>> values_;
+};
+
+/// The usage text of a command from its specs.
+std::string usage(const std::string& command, const std::string& summary, const std::vector<OptionSpec>& specs);
+
+/// Parses "1,2,3" into integers (UsageError naming `what` on a malformed list).
+std::vector<int64_t> parse_int_list(const std::string& text, const std::string& what);
+
+}  // namespace torchpatch::cli

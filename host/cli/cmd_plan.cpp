@@ -1,0 +1,85 @@
+// torchpatch plan: the module tree, what each patch point becomes and which rule chose it.
+#include <iostream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "session.h"
+
+namespace torchpatch::cli {
+
+namespace {
+
+// A readable class name for modules that are not patch points ("torch::nn::EmbeddingImpl" -> "Embedding").
+std::string plain_name(const torch::nn::Module& module) {
+  if (auto* model = dynamic_cast<const PretrainedModel*>(&module)) return model->class_name();
+  std::string name = module.name();
+  if (name.rfind("torch::nn::", 0) == 0) name = name.substr(11);
+  if (name.size() > 4 && name.compare(name.size() - 4, 4, "Impl") == 0) name.resize(name.size() - 4);
+  return name;
+}
+
+}  // namespace
+
+int cmd_plan(const std::vector<std::string>& argv) {
+  const auto specs = model_options();
+  const Args args(specs, argv);
+  if (args.flag("help")) {
+    std::cout << usage("plan", "Build the model and show its module tree: what every patch point becomes, the rule "
+                               "that chose it, and registered keys that matched nothing.",
+                       specs);
+    return 0;
+  }
+  PluginHost host(PluginHostOptions{args.flag("strict"), args.flag("allow-world-writable")});
+  load_plugins(host, args);
+  const BuiltModel built = build_model(host, args);
+  const auto& model = *built.model;
+
+  if (args.flag("json")) {
+    auto points = nlohmann::json::array();
+    for (const auto& p : model.patch_points()) {
+      const auto& r = p.module->patch_record();
+      points.push_back({{"path", p.path}, {"key", r.key}, {"class", r.class_name}, {"rule", r.rule},
+                        {"origin", r.origin.describe()}, {"patched", r.patched()}});
+    }
+    auto unmatched = nlohmann::json::array();
+    for (const auto& key : built.unmatched_keys) unmatched.push_back({{"key", key}, {"suggestion", did_you_mean(key)}});
+    std::cout << nlohmann::json{{"model", {{"class", model.class_name()}, {"model_type", model.config().model_type},
+                                           {"source", built.source}}},
+                                {"patch_points", points},
+                                {"unmatched_keys", unmatched}}
+                     .dump(2)
+              << "\n";
+    return 0;
+  }
+
+  std::cout << fmt::format("{} ({}, {})\n", model.class_name(), model.config().model_type, built.source);
+  int patched = 0, total = 0;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    const auto& path = item.key();
+    const auto depth = static_cast<int>(std::count(path.begin(), path.end(), '.'));
+    const std::string left = std::string(2 * (depth + 1), ' ') + path.substr(path.rfind('.') == std::string::npos ? 0 : path.rfind('.') + 1);
+    auto* point = dynamic_cast<const PatchableModule*>(item.value().get());
+    if (!point) {
+      std::cout << fmt::format("{:<36} {}\n", left, plain_name(*item.value()));
+      continue;
+    }
+    ++total;
+    const auto& r = point->patch_record();
+    if (r.patched()) {
+      ++patched;
+      std::cout << fmt::format("{:<36} {} -> {}  [{}; {}]\n", left, r.key, r.class_name, r.rule, r.origin.describe());
+    } else {
+      std::cout << fmt::format("{:<36} {}\n", left, r.key);
+    }
+  }
+  std::cout << fmt::format("\n{} of {} patch points replaced\n", patched, total);
+  for (const auto& key : built.unmatched_keys) {
+    const auto hint = did_you_mean(key);
+    std::cout << fmt::format("registered key '{}' matched nothing{}\n", key, hint.empty() ? "" : "; " + hint);
+  }
+  return 0;
+}
+
+}  // namespace torchpatch::cli

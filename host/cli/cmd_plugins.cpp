@@ -1,0 +1,53 @@
+// torchpatch plugins: what was found, loaded, refused and why.
+#include <iostream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "session.h"
+
+namespace torchpatch::cli {
+
+int cmd_plugins(const std::vector<std::string>& argv) {
+  const auto specs = plugin_options();
+  const Args args(specs, argv);
+  if (args.flag("help")) {
+    std::cout << usage("plugins", "List the plugins found: bundled ones (offered by class name), drop-ins from "
+                                  "--plugin-dir and $TORCHPATCH_PLUGIN_PATH, and every refused file with its reason.",
+                       specs);
+    return 0;
+  }
+  PluginHost host(PluginHostOptions{args.flag("strict"), args.flag("allow-world-writable")});
+  load_plugins(host, args);
+
+  if (args.flag("json")) {
+    auto list = nlohmann::json::array();
+    for (const auto& p : host.plugins()) {
+      auto classes = nlohmann::json::array();
+      for (const auto& c : p.classes) classes.push_back({{"name", c.name}, {"role", c.role}, {"keys", c.keys}});
+      list.push_back({{"path", p.path.string()},
+                      {"name", p.name},
+                      {"version", p.version},
+                      {"status", p.status_name()},
+                      {"mode", p.mode == PluginMode::DropIn ? "drop-in" : "bundled"},
+                      {"reason", p.reason},
+                      {"classes", classes}});
+    }
+    std::cout << nlohmann::json{{"plugins", list}}.dump(2) << "\n";
+    return 0;
+  }
+  if (host.plugins().empty()) std::cout << "no plugins found\n";
+  for (const auto& p : host.plugins()) {
+    std::cout << fmt::format("{:<9} {} {}  [{}]  {}\n", p.status_name(), p.name.empty() ? "?" : p.name, p.version,
+                             p.mode == PluginMode::DropIn ? "drop-in" : "bundled", p.path.string());
+    for (const auto& c : p.classes) {
+      std::cout << fmt::format("          class {} (role {}){}{}\n", c.name, c.role, c.keys.empty() ? "" : " for ",
+                               fmt::join(c.keys, ", "));
+    }
+    if (!p.reason.empty()) std::cout << "          reason: " << p.reason << "\n";
+  }
+  return 0;
+}
+
+}  // namespace torchpatch::cli

@@ -1,0 +1,117 @@
+// torchpatch run: one forward pass; prints the top next tokens and what the replacements counted.
+#include <iostream>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "session.h"
+#include "torchpatch/checkpoint/safetensors.h"
+#include "torchpatch/error.h"
+
+namespace torchpatch::cli {
+
+namespace {
+
+ModelInputs read_inputs(const Args& args) {
+  if (args.has("prompt-ids") == args.has("inputs")) throw UsageError("give exactly one of --prompt-ids and --inputs");
+  ModelInputs in;
+  if (args.has("prompt-ids")) {
+    const auto ids = parse_int_list(args.value("prompt-ids"), "--prompt-ids");
+    in.input_ids = at::tensor(ids, at::kLong).unsqueeze(0);
+    return in;
+  }
+  const auto file = checkpoint::SafetensorsFile::open(args.value("inputs"));
+  if (!file->find("input_ids")) {
+    throw InputError(fmt::format("{}: no tensor named 'input_ids' (an inputs file holds input_ids and optionally "
+                                 "attention_mask, position_ids, token_type_ids)",
+                                 file->path().string()));
+  }
+  auto read = [&](const char* name) { return file->find(name) ? file->tensor(name).to(at::kLong) : at::Tensor(); };
+  in.input_ids = read("input_ids");
+  in.attention_mask = read("attention_mask");
+  in.position_ids = read("position_ids");
+  in.token_type_ids = read("token_type_ids");
+  return in;
+}
+
+}  // namespace
+
+int cmd_run(const std::vector<std::string>& argv) {
+  auto specs = model_options();
+  specs.insert(specs.begin() + 3,
+               {{"prompt-ids", "IDS", "token ids, e.g. 1,2,3 (a batch of one)"},
+                {"inputs", "FILE", "safetensors file with input_ids [B,T] and optional attention_mask, position_ids, "
+                                   "token_type_ids"},
+                {"output", "FILE", "write logits (and hidden_states) to this safetensors file"},
+                {"hidden-states", "", "also write hidden_states [layers+1, B, T, H] to --output"},
+                {"top", "K", "how many next tokens to show per row (default 5)"}});
+  const Args args(specs, argv);
+  if (args.flag("help")) {
+    std::cout << usage("run", "Run one forward pass and print each row's most likely next tokens.", specs);
+    return 0;
+  }
+  if (args.flag("hidden-states") && !args.has("output")) throw UsageError("--hidden-states needs --output FILE");
+  int64_t top = 5;
+  if (args.has("top")) {
+    const auto k = parse_int_list(args.value("top"), "--top");
+    if (k.size() != 1 || k[0] < 1) throw UsageError("--top: expected one positive integer");
+    top = k[0];
+  }
+  ModelInputs inputs = read_inputs(args);
+  inputs.output_hidden_states = args.flag("hidden-states");
+
+  PluginHost host(PluginHostOptions{args.flag("strict"), args.flag("allow-world-writable")});
+  load_plugins(host, args);
+  const BuiltModel built = build_model(host, args);
+
+  at::NoGradGuard no_grad;
+  const ModelOutput out = built.model->forward(inputs);
+  if (!out.logits.defined()) throw InputError(built.model->class_name() + " has no language-model head: no logits");
+
+  if (args.has("output")) {
+    std::vector<std::pair<std::string, at::Tensor>> tensors{{"logits", out.logits.contiguous()}};
+    if (args.flag("hidden-states")) tensors.emplace_back("hidden_states", at::stack(out.hidden_states).contiguous());
+    checkpoint::save_safetensors(args.value("output"), tensors);
+  }
+
+  // Each row's next token is predicted at its last real position.
+  const int64_t batch = out.logits.size(0), len = out.logits.size(1);
+  top = std::min(top, out.logits.size(2));
+  auto rows = nlohmann::json::array();
+  for (int64_t b = 0; b < batch; ++b) {
+    int64_t last = len - 1;
+    if (inputs.attention_mask.defined()) {
+      const auto real = inputs.attention_mask[b].nonzero();
+      if (real.size(0) > 0) last = real[real.size(0) - 1][0].item<int64_t>();
+    }
+    const auto best = out.logits[b][last].topk(top);
+    auto tops = nlohmann::json::array();
+    for (int64_t k = 0; k < top; ++k) {
+      tops.push_back({{"id", std::get<1>(best)[k].item<int64_t>()}, {"logit", std::get<0>(best)[k].item<double>()}});
+    }
+    rows.push_back({{"row", b}, {"position", last}, {"top", tops}});
+  }
+  const auto counters = counter_report(*built.model);
+
+  if (args.flag("json")) {
+    std::cout << nlohmann::json{{"model", built.model->class_name()}, {"source", built.source}, {"rows", rows},
+                                {"counters", counters}, {"output", args.value("output")}}
+                     .dump(2)
+              << "\n";
+    return 0;
+  }
+  std::cout << fmt::format("{} ({})\n", built.model->class_name(), built.source);
+  for (const auto& row : rows) {
+    std::vector<std::string> parts;
+    for (const auto& t : row["top"]) parts.push_back(fmt::format("{} ({:.4f})", t["id"].get<int64_t>(), t["logit"].get<double>()));
+    std::cout << fmt::format("row {} next tokens at position {}: {}\n", row["row"].get<int64_t>(),
+                             row["position"].get<int64_t>(), fmt::join(parts, ", "));
+  }
+  for (const auto& line : counters) std::cout << line << "\n";
+  if (args.has("output")) std::cout << "wrote " << args.value("output") << "\n";
+  return 0;
+}
+
+}  // namespace torchpatch::cli

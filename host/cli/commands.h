@@ -1,0 +1,13 @@
+// The torchpatch subcommands. Each returns the process exit code.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace torchpatch::cli {
+
+int cmd_plugins(const std::vector<std::string>& argv);
+int cmd_plan(const std::vector<std::string>& argv);
+int cmd_run(const std::vector<std::string>& argv);
+
+}  // namespace torchpatch::cli

@@ -1,0 +1,127 @@
+#include "session.h"
+
+#include <cstdlib>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "torchpatch/checkpoint/load.h"
+#include "torchpatch/error.h"
+#include "torchpatch/models/auto.h"
+#include "torchpatch/patching/build.h"
+#include "torchpatch/patching/scope.h"
+
+namespace torchpatch::cli {
+
+std::vector<OptionSpec> plugin_options() {
+  return {
+      {"plugin-dir", "DIR", "load every plugin in DIR as a drop-in (also $TORCHPATCH_PLUGIN_PATH)", true},
+      {"strict", "", "a refused plugin or a patch key that matches nothing is an error"},
+      {"allow-world-writable", "", "load plugins from files or directories anyone may write"},
+      {"json", "", "print JSON"},
+      {"help", "", "show this help"},
+  };
+}
+
+std::vector<OptionSpec> model_options() {
+  auto specs = plugin_options();
+  specs.insert(specs.begin(),
+               {{"model", "DIR", "Hugging Face checkpoint directory (config.json + model.safetensors)"},
+                {"preset", "NAME", "built-in tiny model with fixed random weights (tiny-llama)"},
+                {"patch", "KEY=CLASS", "replace patch point KEY (class name or regex) with CLASS", true}});
+  return specs;
+}
+
+void load_plugins(PluginHost& host, const Args& args) {
+  const auto bundled = bundled_plugin_dir();
+  std::error_code ec;
+  if (!bundled.empty() && std::filesystem::is_directory(bundled, ec)) host.load_directory(bundled, PluginMode::Catalogue);
+  if (const char* env = std::getenv("TORCHPATCH_PLUGIN_PATH")) host.load_path_list(env);
+  for (const auto& dir : args.values("plugin-dir")) host.load_directory(dir, PluginMode::DropIn);
+}
+
+BuiltModel build_model(PluginHost& host, const Args& args) {
+  for (const auto& patch : args.values("patch")) {
+    const auto eq = patch.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == patch.size()) {
+      throw UsageError(fmt::format("--patch '{}': expected KEY=CLASS", patch));
+    }
+    host.patch(patch.substr(0, eq), patch.substr(eq + 1));
+  }
+  if (args.has("model") == args.has("preset")) throw UsageError("give exactly one of --model DIR and --preset NAME");
+
+  BuiltModel built;
+  ApplyPatches scope;
+  if (args.has("preset")) {
+    built.source = "preset " + args.value("preset");
+    built.model = construct_model(preset_config(args.value("preset")));
+    init_random_weights(*built.model, /*seed=*/0);
+  } else {
+    const std::filesystem::path dir = args.value("model");
+    built.source = dir.string();
+    const auto config = ModelConfig::from_file(dir);
+    const auto weights = dir / "model.safetensors";
+    auto file = checkpoint::SafetensorsFile::open(weights);
+    built.model = construct_model(config);
+    checkpoint::load_weights(*built.model, {file});
+  }
+  built.model->eval();
+  built.unmatched_keys = scope.unmatched_keys();
+  if (args.flag("strict") && !built.unmatched_keys.empty()) {
+    const auto& key = built.unmatched_keys.front();
+    const auto hint = did_you_mean(key);
+    throw PatchError(fmt::format("--strict: patch key '{}' matched no patch point of {}{}", key,
+                                 built.model->class_name(), hint.empty() ? "" : "; " + hint));
+  }
+  return built;
+}
+
+namespace {
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+}  // namespace
+
+std::string did_you_mean(const std::string& key) {
+  std::string best;
+  std::size_t best_distance = std::max<std::size_t>(2, key.size() / 3) + 1;
+  for (const auto& [name, cls] : builtin_classes()) {
+    const auto d = edit_distance(key, name);
+    if (d < best_distance) {
+      best = name;
+      best_distance = d;
+    }
+  }
+  return best.empty() ? std::string() : fmt::format("did you mean '{}'?", best);
+}
+
+std::vector<std::string> counter_report(const PretrainedModel& model) {
+  std::map<std::string, std::pair<int, std::map<std::string, int64_t>>> per_class;
+  for (const auto& point : model.patch_points()) {
+    if (!point.module->patch_record().patched()) continue;
+    auto& [modules, sums] = per_class[point.module->patch_record().class_name];
+    ++modules;
+    for (const auto& [name, value] : point.module->counters()) sums[name] += value;
+  }
+  std::vector<std::string> lines;
+  for (const auto& [cls, entry] : per_class) {
+    std::vector<std::string> parts;
+    for (const auto& [name, value] : entry.second) parts.push_back(fmt::format("{}={}", name, value));
+    lines.push_back(fmt::format("{}: {}{}({} module{})", cls, fmt::join(parts, " "), parts.empty() ? "" : " ",
+                                entry.first, entry.first == 1 ? "" : "s"));
+  }
+  return lines;
+}
+
+}  // namespace torchpatch::cli

@@ -1,0 +1,39 @@
+// What every command shares: loading plugins, choosing patches, building the model.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "args.h"
+#include "torchpatch/models/pretrained.h"
+#include "torchpatch/plugin_host.h"
+
+namespace torchpatch::cli {
+
+/// --plugin-dir, --strict, --allow-world-writable, --json.
+std::vector<OptionSpec> plugin_options();
+/// --model, --preset, --patch (plus the plugin options).
+std::vector<OptionSpec> model_options();
+
+/// Loads the bundled plugins as a catalogue, then --plugin-dir and $TORCHPATCH_PLUGIN_PATH as drop-ins.
+void load_plugins(PluginHost& host, const Args& args);
+
+/// A model built with the patches in force, and what the patches did.
+struct BuiltModel {
+  std::shared_ptr<PretrainedModel> model;
+  std::string source;                       ///< "preset NAME" or the checkpoint directory
+  std::vector<std::string> unmatched_keys;  ///< registered keys no patch point matched
+};
+
+/// Applies --patch KEY=CLASS, then builds --model DIR (with its weights) or --preset NAME (seed 0).
+/// In --strict mode a registered key that matched nothing is an error.
+BuiltModel build_model(PluginHost& host, const Args& args);
+
+/// "did you mean 'LlamaAttention'?" for a key close to a known patch point ("" when none is close).
+std::string did_you_mean(const std::string& key);
+
+/// Sum of each patched class's counters over its modules, e.g. "CustomLlamaAttention: calls=6 (2 modules)".
+std::vector<std::string> counter_report(const PretrainedModel& model);
+
+}  // namespace torchpatch::cli
