@@ -1,4 +1,6 @@
 // Tests of the safetensors reader and writer: round trips and every kind of corrupt file.
+#include "test_prelude.h"
+
 #include <unistd.h>
 
 #include <atomic>
@@ -23,10 +25,6 @@
 #include "torchpatch/checkpoint/safetensors.h"
 #include "torchpatch/error.h"
 
-// LibTorch is built with glog, whose CHECK macro clashes with Catch's: include every LibTorch header
-// first (glog's include guard then keeps it from coming back) and let Catch define CHECK last.
-#undef CHECK
-#include <catch2/catch.hpp>
 
 namespace fs = std::filesystem;
 using torchpatch::CheckpointError;

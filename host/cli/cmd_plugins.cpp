@@ -19,7 +19,7 @@ int cmd_plugins(const std::vector<std::string>& argv) {
     return 0;
   }
   PluginHost host(PluginHostOptions{args.flag("strict"), args.flag("allow-world-writable")});
-  load_plugins(host, args);
+  load_plugins(host, args, /*warn_refused=*/false);
 
   if (args.flag("json")) {
     auto list = nlohmann::json::array();

@@ -1,6 +1,7 @@
 #include "session.h"
 
 #include <cstdlib>
+#include <iostream>
 #include <map>
 
 #include <fmt/format.h>
@@ -32,12 +33,16 @@ std::vector<OptionSpec> model_options() {
   return specs;
 }
 
-void load_plugins(PluginHost& host, const Args& args) {
+void load_plugins(PluginHost& host, const Args& args, bool warn_refused) {
   const auto bundled = bundled_plugin_dir();
   std::error_code ec;
   if (!bundled.empty() && std::filesystem::is_directory(bundled, ec)) host.load_directory(bundled, PluginMode::Catalogue);
   if (const char* env = std::getenv("TORCHPATCH_PLUGIN_PATH")) host.load_path_list(env);
   for (const auto& dir : args.values("plugin-dir")) host.load_directory(dir, PluginMode::DropIn);
+  for (const auto& p : host.refused()) {
+    if (!warn_refused) break;
+    std::cerr << "torchpatch: warning: plugin " << p.path.string() << " refused: " << p.reason << "\n";
+  }
 }
 
 BuiltModel build_model(PluginHost& host, const Args& args) {

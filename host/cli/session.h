@@ -16,8 +16,9 @@ std::vector<OptionSpec> plugin_options();
 /// --model, --preset, --patch (plus the plugin options).
 std::vector<OptionSpec> model_options();
 
-/// Loads the bundled plugins as a catalogue, then --plugin-dir and $TORCHPATCH_PLUGIN_PATH as drop-ins.
-void load_plugins(PluginHost& host, const Args& args);
+/// Loads the bundled plugins as a catalogue, then --plugin-dir and $TORCHPATCH_PLUGIN_PATH as drop-ins;
+/// optionally warns on stderr about each refused plugin.
+void load_plugins(PluginHost& host, const Args& args, bool warn_refused = true);
 
 /// A model built with the patches in force, and what the patches did.
 struct BuiltModel {

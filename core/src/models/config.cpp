@@ -134,9 +134,14 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
 }
 
 ModelConfig ModelConfig::from_file(const std::filesystem::path& path) {
+  if (!std::filesystem::exists(path)) throw ConfigError(fmt::format("{}: no such file or directory", path.string()));
   const auto file = std::filesystem::is_directory(path) ? path / "config.json" : path;
   std::ifstream in(file);
-  if (!in) throw ConfigError(fmt::format("{}: cannot open config file", file.string()));
+  if (!in) {
+    throw ConfigError(fmt::format("{}: cannot open config file (a checkpoint directory holds config.json and "
+                                  "model.safetensors)",
+                                  file.string()));
+  }
   json j;
   try {
     in >> j;

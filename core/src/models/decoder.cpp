@@ -81,17 +81,25 @@ ModelOutput DecoderModel::forward(const ModelInputs& in) {
   return out;
 }
 
+LmHead::LmHead(int64_t hidden_size, int64_t vocab_size) {
+  weight = register_parameter("weight", at::empty({vocab_size, hidden_size}).normal_(0.0, 0.02));
+}
+
+LmHead::LmHead(const at::Tensor& tied_weight) { weight = register_parameter("weight", tied_weight); }
+
+at::Tensor LmHead::forward(const at::Tensor& hidden) const { return at::linear(hidden, weight); }
+
 DecoderForCausalLM::DecoderForCausalLM(const ModelConfig& config, const DecoderFamily& family)
     : PretrainedModel(config, family.causal_lm) {
   const auto& d = this->config().decoder;
   model = register_module("model", std::make_shared<DecoderModel>(this->config(), family, "model"));
-  lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(d.hidden_size, d.vocab_size).bias(false)));
-  if (d.tie_word_embeddings) lm_head->weight = lm_head->register_parameter("weight", model->embed_tokens->weight);
+  lm_head = register_module("lm_head", d.tie_word_embeddings ? std::make_shared<LmHead>(model->embed_tokens->weight)
+                                                              : std::make_shared<LmHead>(d.hidden_size, d.vocab_size));
 }
 
 ModelOutput DecoderForCausalLM::forward(const ModelInputs& in) {
   auto out = model->forward(in);
-  out.logits = lm_head(out.last_hidden_state);
+  out.logits = lm_head->forward(out.last_hidden_state);
   return out;
 }
 

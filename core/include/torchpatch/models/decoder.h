@@ -43,6 +43,20 @@ class TORCHPATCH_API DecoderModel : public PretrainedModel {
   std::vector<std::shared_ptr<roles::DecoderLayer>> layer_list_;
 };
 
+/// The language-model head: logits = hidden @ weight^T (no bias). When embeddings are tied its weight
+/// is the embedding table itself, one tensor, so loading and gradients see a single parameter.
+class TORCHPATCH_API LmHead : public torch::nn::Module {
+ public:
+  /// An own weight [vocab, hidden].
+  LmHead(int64_t hidden_size, int64_t vocab_size);
+  /// Shares `tied_weight` (the embedding table).
+  explicit LmHead(const at::Tensor& tied_weight);
+
+  at::Tensor forward(const at::Tensor& hidden) const;
+
+  at::Tensor weight;  ///< [V, H]
+};
+
 /// `XForCausalLM`: model (a DecoderModel) and lm_head, tied to the embeddings when the config says so.
 class TORCHPATCH_API DecoderForCausalLM : public PretrainedModel {
  public:
@@ -52,7 +66,7 @@ class TORCHPATCH_API DecoderForCausalLM : public PretrainedModel {
   std::map<std::string, std::string> tied_weights() const override;
 
   std::shared_ptr<DecoderModel> model;
-  torch::nn::Linear lm_head{nullptr};
+  std::shared_ptr<LmHead> lm_head;
 };
 
 /// Checks input_ids / attention_mask / position_ids against each other and the vocabulary;

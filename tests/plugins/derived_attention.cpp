@@ -1,0 +1,31 @@
+// Test plugin "derived_attention": a replacement for LlamaAttention that derives from the built-in
+// class, calls its forward and counts the calls (numerically identical to the built-in).
+#include <atomic>
+
+#include "torchpatch/models/llama.h"
+#include "torchpatch/plugin_api.h"
+
+namespace {
+
+class DerivedLlamaAttention : public torchpatch::llama::LlamaAttention {
+ public:
+  explicit DerivedLlamaAttention(const torchpatch::BuildContext& ctx) : LlamaAttention(ctx) {}
+
+  at::Tensor forward(const at::Tensor& hidden, const torchpatch::AttentionInputs& inputs) override {
+    ++calls_;
+    return LlamaAttention::forward(hidden, inputs);
+  }
+
+  std::map<std::string, int64_t> counters() const override { return {{"calls", calls_.load()}}; }
+
+ private:
+  std::atomic<int64_t> calls_{0};
+};
+
+void register_plugin(torchpatch::Registrar& registrar) {
+  registrar.add_replacement<DerivedLlamaAttention>("DerivedLlamaAttention", {"LlamaAttention"});
+}
+
+}  // namespace
+
+TORCHPATCH_PLUGIN("torchpatch-test-derived-attention", "0.4.0", register_plugin)

@@ -1,0 +1,233 @@
+// The torchpatch CLI as a user runs it: outputs, reference parity, usage errors and exit codes.
+#include "test_prelude.h"
+#include "test_util.h"
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+// Runs the CLI through the shell; `env` is an optional "NAME=value" prefix.
+Result torchpatch_cli(const std::string& arguments, const std::string& env = "") {
+  const std::string command = env + " " + std::string(TORCHPATCH_CLI) + " " + arguments + " 2>&1";
+  Result result;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::array<char, 4096> buffer{};
+  std::size_t n = 0;
+  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.out.append(buffer.data(), n);
+  const int status = ::pclose(pipe);
+  result.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+std::string llama_dir() { return (testutil::data_dir() / "llama_basic").string(); }
+
+fs::path temp_file(const std::string& name) {
+  return fs::temp_directory_path() / ("torchpatch-cli-" + std::to_string(::getpid()) + "-" + name);
+}
+
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto pos = text.find(what); pos != std::string::npos; pos = text.find(what, pos + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("cli run on llama_basic writes the reference logits and hidden states", "[cli][reference]") {
+  const auto out = temp_file("llama.safetensors");
+  const auto r = torchpatch_cli("run --model " + llama_dir() + " --inputs " + llama_dir() +
+                                "/reference.safetensors --hidden-states --output " + out.string());
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Contains("row 1 next tokens at position 11"));
+  auto ref = torchpatch::checkpoint::SafetensorsFile::open(testutil::data_dir() / "llama_basic" / "reference.safetensors");
+  auto got = torchpatch::checkpoint::SafetensorsFile::open(out);
+  const auto mask = ref->tensor("attention_mask");
+  CHECK(testutil::close("cli logits", got->tensor("logits"), ref->tensor("logits"), mask));
+  CHECK(testutil::close("cli hidden_states", got->tensor("hidden_states"), ref->tensor("hidden_states"),
+                        mask.unsqueeze(0)));
+}
+
+TEST_CASE("cli run with the bundled CustomLlamaAttention gives the same logits and counts its calls", "[cli]") {
+  const auto plain = temp_file("plain.safetensors"), patched = temp_file("patched.safetensors");
+  const auto base = "run --model " + llama_dir() + " --inputs " + llama_dir() + "/reference.safetensors --output ";
+  REQUIRE(torchpatch_cli(base + plain.string()).code == 0);
+  const auto r = torchpatch_cli(base + patched.string() + " --patch LlamaAttention=CustomLlamaAttention");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Contains("CustomLlamaAttention: calls=3 (3 modules)"));
+  auto a = torchpatch::checkpoint::SafetensorsFile::open(plain);
+  auto b = torchpatch::checkpoint::SafetensorsFile::open(patched);
+  CHECK(at::equal(a->tensor("logits"), b->tensor("logits")));
+}
+
+TEST_CASE("cli run with --prompt-ids on a preset", "[cli]") {
+  const auto r = torchpatch_cli("run --preset tiny-llama --prompt-ids 1,2,3 --patch LlamaAttention=CustomLlamaAttention --json");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["rows"].size() == 1);
+  CHECK(j["rows"][0]["position"] == 2);
+  CHECK(j["rows"][0]["top"].size() == 5);
+  CHECK(j["counters"][0] == "CustomLlamaAttention: calls=2 (2 modules)");
+  // A preset has fixed weights: the same run gives the same answer.
+  CHECK(nlohmann::json::parse(torchpatch_cli("run --preset tiny-llama --prompt-ids 1,2,3 --json").out)["rows"] == j["rows"]);
+}
+
+TEST_CASE("cli plan shows the swap on every layer", "[cli]") {
+  const auto r = torchpatch_cli("plan --preset tiny-llama --patch LlamaAttention=CustomLlamaAttention");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(count(r.out, "LlamaAttention -> CustomLlamaAttention  [exact key; plugin custom-llama-attention 1.0.0") == 2);
+  CHECK_THAT(r.out, Contains("2 of 11 patch points replaced"));
+  const auto j = nlohmann::json::parse(torchpatch_cli("plan --preset tiny-llama --json --patch .*Attention$=CustomLlamaAttention").out);
+  int patched = 0;
+  for (const auto& p : j["patch_points"]) {
+    if (p["patched"]) {
+      ++patched;
+      CHECK(p["class"] == "CustomLlamaAttention");
+      CHECK(p["rule"] == "pattern '.*Attention$'");
+    }
+  }
+  CHECK(patched == 2);
+}
+
+TEST_CASE("cli plan names keys that matched nothing, with a suggestion, and --strict makes it an error", "[cli]") {
+  const auto r = torchpatch_cli("plan --preset tiny-llama --patch LlamaAtention=CustomLlamaAttention");
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Contains("registered key 'LlamaAtention' matched nothing; did you mean 'LlamaAttention'?"));
+  const auto strict = torchpatch_cli("plan --preset tiny-llama --strict --patch LlamaAtention=CustomLlamaAttention");
+  CHECK(strict.code == 1);
+  CHECK_THAT(strict.out, Contains("--strict: patch key 'LlamaAtention' matched no patch point"));
+}
+
+TEST_CASE("cli plugins lists the bundled plugins", "[cli][plugins]") {
+  const auto r = torchpatch_cli("plugins --json");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  bool found = false;
+  for (const auto& p : j["plugins"]) {
+    if (p["name"] == "custom-llama-attention") {
+      found = true;
+      CHECK(p["status"] == "loaded");
+      CHECK(p["mode"] == "bundled");
+      CHECK(p["classes"][0]["name"] == "CustomLlamaAttention");
+    }
+  }
+  CHECK(found);
+}
+
+TEST_CASE("cli usage errors exit with 2 and say what is wrong", "[cli][errors]") {
+  struct Case {
+    std::string args, message;
+  };
+  const std::vector<Case> cases{
+      {"", "usage: torchpatch <command>"},
+      {"frobnicate", "unknown command 'frobnicate'"},
+      {"run --preset tiny-llama --prompt-ids 1,2 --bogus", "unknown option '--bogus'"},
+      {"run --prompt-ids 1,2", "give exactly one of --model DIR and --preset NAME"},
+      {"run --preset tiny-llama", "give exactly one of --prompt-ids and --inputs"},
+      {"run --preset tiny-llama --prompt-ids 1,x", "--prompt-ids: 'x' is not an integer"},
+      {"run --preset tiny-llama --prompt-ids", "option '--prompt-ids' needs a value"},
+      {"run --preset tiny-llama --prompt-ids 1 --patch LlamaAttention", "--patch 'LlamaAttention': expected KEY=CLASS"},
+      {"plan --preset tiny-llama --model x", "give exactly one of --model DIR and --preset NAME"},
+      {"run --preset tiny-llama --prompt-ids 1 --hidden-states", "--hidden-states needs --output FILE"},
+  };
+  for (const auto& c : cases) {
+    const auto r = torchpatch_cli(c.args);
+    INFO("torchpatch " << c.args << "\n" << r.out);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.out, Contains(c.message));
+  }
+}
+
+TEST_CASE("cli runtime errors exit with 1 and name the cause", "[cli][errors]") {
+  struct Case {
+    std::string args, message;
+  };
+  const std::vector<Case> cases{
+      {"run --model /nonexistent/dir --prompt-ids 1", "/nonexistent/dir: no such file or directory"},
+      {"run --preset tiny-llama --prompt-ids 1,999", "token id 999 at [0, 1] is out of range for vocab_size 256"},
+      {"run --preset tiny-llama --prompt-ids 1 --patch LlamaAttention=Nope", "no class named 'Nope'"},
+      {"run --preset nope --prompt-ids 1", "unknown preset 'nope' (presets: tiny-llama)"},
+      {"run --preset tiny-llama --prompt-ids 1 --patch LlamaMLP=CustomLlamaAttention",
+       "has role Attention, but 'LlamaMLP' is a patch point of role Mlp"},
+      {"run --preset tiny-llama --prompt-ids 1 --patch Llama=CustomLlamaAttention",
+       "needs role DecoderLayer, but pattern 'Llama' maps it to 'CustomLlamaAttention' of role Attention"},
+      {"run --preset tiny-llama --inputs /nonexistent.safetensors", "/nonexistent.safetensors"},
+      {"plan --preset tiny-llama --plugin-dir /nonexistent/plugins --strict", "plugin directory does not exist"},
+  };
+  for (const auto& c : cases) {
+    const auto r = torchpatch_cli(c.args);
+    INFO("torchpatch " << c.args << "\n" << r.out);
+    CHECK(r.code == 1);
+    CHECK_THAT(r.out, Contains(c.message));
+  }
+}
+
+TEST_CASE("cli --help works for every command", "[cli]") {
+  for (const std::string command : {"--help", "plugins --help", "plan --help", "run --help"}) {
+    const auto r = torchpatch_cli(command);
+    INFO(command << "\n" << r.out);
+    CHECK(r.code == 0);
+    CHECK_THAT(r.out, Contains("usage: torchpatch"));
+  }
+}
+
+TEST_CASE("cli plugins --json lists every refused test plugin with its reason", "[cli][plugins]") {
+  const std::string dir = TORCHPATCH_TEST_PLUGIN_DIR;
+  std::string args = "plugins --json";
+  for (const char* scenario : {"not_a_shared_object", "missing_entry", "abi_mismatch", "torch_mismatch",
+                               "register_throws", "invalid_regex", "role_mismatch", "conflict"}) {
+    args += " --plugin-dir " + dir + "/" + scenario;
+  }
+  const auto r = torchpatch_cli(args);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  std::map<std::string, std::string> reasons;  // file name -> reason of refused plugins
+  for (const auto& p : j["plugins"]) {
+    if (p["status"] == "refused") reasons[fs::path(p["path"].get<std::string>()).filename().string()] = p["reason"];
+  }
+  CHECK_THAT(reasons["not_a_plugin.so"], Contains("not a loadable shared object"));
+  CHECK_THAT(reasons["testplugin_missing_entry.so"], Contains("missing entry point 'torchpatch_plugin_descriptor'"));
+  CHECK_THAT(reasons["testplugin_abi_mismatch.so"], Contains("plugin ABI version 99"));
+  CHECK_THAT(reasons["testplugin_torch_mismatch.so"], Contains("LibTorch 1.12.0"));
+  CHECK_THAT(reasons["testplugin_register_throws.so"], Contains("register function threw: boom: cannot initialise"));
+  CHECK_THAT(reasons["testplugin_invalid_regex.so"], Contains("Invalid regex pattern 'Llama(Attention'"));
+  CHECK_THAT(reasons["testplugin_role_mismatch.so"], Contains("role Attention"));
+  CHECK_THAT(reasons["testplugin_conflict_b.so"], Contains("key 'LlamaMLP' conflicts"));
+  CHECK(reasons.size() == 8);
+}
+
+TEST_CASE("cli drop-in plugins from --plugin-dir and TORCHPATCH_PLUGIN_PATH apply their keys", "[cli][plugins]") {
+  const std::string dir = std::string(TORCHPATCH_TEST_PLUGIN_DIR) + "/good";
+  auto replaced_mlps = [](const Result& r) {
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    int replaced = 0;
+    const auto plan = nlohmann::json::parse(r.out);
+    for (const auto& p : plan["patch_points"]) {
+      if (p["key"] == "LlamaMLP" && p["patched"]) ++replaced;
+    }
+    return replaced;
+  };
+  CHECK(replaced_mlps(torchpatch_cli("plan --preset tiny-llama --json")) == 0);
+  CHECK(replaced_mlps(torchpatch_cli("plan --preset tiny-llama --json --plugin-dir " + dir)) == 2);
+  CHECK(replaced_mlps(torchpatch_cli("plan --preset tiny-llama --json", "TORCHPATCH_PLUGIN_PATH=" + dir)) == 2);
+}
