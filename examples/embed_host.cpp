@@ -1,5 +1,4 @@
-// Embedding the plugin host in your own program: load plugins, choose a replacement, build and run.
-//   usage: embed_host PLUGIN_DIR
+// Embedding the plugin host: load plugins, choose a replacement, build a model and run it.
 #include <iostream>
 
 #include <ATen/ATen.h>
@@ -12,30 +11,27 @@ int main(int argc, char** argv) {
     std::cerr << "usage: embed_host PLUGIN_DIR\n";
     return 2;
   }
-  // Plugins offered by name only (a catalogue); PluginMode::DropIn would register their keys at once.
+  // A catalogue: classes are offered by name; PluginMode::DropIn would register their keys at once.
   torchpatch::PluginHost host;
   host.load_directory(argv[1], torchpatch::PluginMode::Catalogue);
   for (const auto& plugin : host.plugins()) {
-    std::cout << plugin.status_name() << " " << plugin.path.string()
-              << (plugin.reason.empty() ? "" : ": " + plugin.reason) << "\n";
+    std::cout << plugin.status_name() << " " << plugin.path.string() << " " << plugin.reason << "\n";
   }
 
-  // Choose a replacement for every LlamaAttention, then build: from_config applies the registry.
-  host.patch("LlamaAttention", "CustomLlamaAttention");
-  auto model = torchpatch::from_config(torchpatch::preset_config("tiny-llama"));
+  host.patch("LlamaAttention", "CustomLlamaAttention");  // register the choice in the global registry
+  auto model = torchpatch::from_config(torchpatch::preset_config("tiny-llama"));  // applies the registry
   torchpatch::init_random_weights(*model, /*seed=*/0);
 
   torchpatch::ModelInputs inputs;
   inputs.input_ids = at::tensor({1, 2, 3, 4}, at::kLong).unsqueeze(0);
   at::NoGradGuard no_grad;
-  const auto output = model->forward(inputs);
-  std::cout << "logits " << output.logits.sizes() << "\n";
+  std::cout << "logits " << model->forward(inputs).logits.sizes() << "\n";
 
   for (const auto& point : model->patch_points()) {
     const auto& record = point.module->patch_record();
     if (!record.patched()) continue;
-    std::cout << point.path << ": " << record.key << " -> " << record.class_name << " (" << record.origin.describe()
-              << "), calls=" << point.module->counters()["calls"] << "\n";
+    std::cout << point.path << ": " << record.key << " -> " << record.class_name << " ("
+              << record.origin.describe() << "), calls=" << point.module->counters()["calls"] << "\n";
   }
   return 0;
 }

@@ -95,3 +95,15 @@ TEST_CASE("tied embeddings share one tensor and load without lm_head.weight", "[
   CHECK(model->lm_head->weight.data_ptr() == model->model->embed_tokens->weight.data_ptr());
   CHECK(model->tied_weights().at("lm_head.weight") == "model.embed_tokens.weight");
 }
+
+TEST_CASE("the reference comparison catches a wrong answer", "[llama][reference]") {
+  Reference ref;
+  const auto mask = ref.get("attention_mask");
+  auto wrong = ref.get("logits").clone();
+  // Row 1 is left-padded by 4: position 6 is a real token, position 0 a pad.
+  wrong[1][6][3] += 2e-4;
+  CHECK_FALSE(testutil::close("perturbed logits", wrong, ref.get("logits"), mask));
+  auto pad_only = ref.get("logits").clone();
+  pad_only[1][0][3] += 1.0;  // pads are not compared
+  CHECK(testutil::close("perturbed pad", pad_only, ref.get("logits"), mask));
+}
