@@ -190,13 +190,7 @@ TEST_CASE("cli --help works for every command", "[cli]") {
 }
 
 TEST_CASE("cli plugins --json lists every refused test plugin with its reason", "[cli][plugins]") {
-  const std::string dir = TORCHPATCH_TEST_PLUGIN_DIR;
-  std::string args = "plugins --json";
-  for (const char* scenario : {"not_a_shared_object", "missing_entry", "abi_mismatch", "torch_mismatch",
-                               "register_throws", "invalid_regex", "role_mismatch", "conflict"}) {
-    args += " --plugin-dir " + dir + "/" + scenario;
-  }
-  const auto r = torchpatch_cli(args);
+  const auto r = torchpatch_cli("plugins --json --plugin-dir " + std::string(TORCHPATCH_TEST_PLUGIN_DIR) + "/refused");
   INFO(r.out);
   REQUIRE(r.code == 0);
   const auto j = nlohmann::json::parse(r.out);

@@ -101,7 +101,7 @@ TEST_CASE("the reference comparison catches a wrong answer", "[llama][reference]
   const auto mask = ref.get("attention_mask");
   auto wrong = ref.get("logits").clone();
   // Row 1 is left-padded by 4: position 6 is a real token, position 0 a pad.
-  wrong[1][6][3] += 2e-4;
+  wrong[1][6][3] += 1e-3;  // 10x the tolerance
   CHECK_FALSE(testutil::close("perturbed logits", wrong, ref.get("logits"), mask));
   auto pad_only = ref.get("logits").clone();
   pad_only[1][0][3] += 1.0;  // pads are not compared

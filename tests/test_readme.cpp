@@ -2,6 +2,7 @@
 // tests), so its code cannot drift from code that compiles.
 #include "test_prelude.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 

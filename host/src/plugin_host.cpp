@@ -57,6 +57,12 @@ class CollectingRegistrar : public Registrar {
 
 std::string safe_string(const char* s) { return s ? std::string(s) : std::string("(null)"); }
 
+// Anyone could replace the code we are about to run.
+bool world_writable(const fs::path& path) {
+  struct stat st {};
+  return ::stat(path.empty() ? "." : path.c_str(), &st) == 0 && (st.st_mode & S_IWOTH);
+}
+
 }  // namespace
 
 const char* PluginRecord::status_name() const {
@@ -82,30 +88,28 @@ PluginRecord& PluginHost::refuse(PluginRecord& record, std::string reason) {
   return record;
 }
 
+void PluginHost::refuse_path(const fs::path& path, PluginMode mode, std::string reason) {
+  PluginRecord record;
+  record.path = path;
+  record.mode = mode;
+  records_.push_back(record);
+  refuse(records_.back(), std::move(reason));
+}
+
 void PluginHost::load_directory(const fs::path& dir, PluginMode mode) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
-    PluginRecord record;
-    record.path = dir;
-    record.mode = mode;
-    records_.push_back(record);
-    refuse(records_.back(), "plugin directory does not exist or is not a directory");
-    return;
+    return refuse_path(dir, mode, "plugin directory does not exist or is not a directory");
   }
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) == 0 && (st.st_mode & S_IWOTH) && !options_.allow_world_writable) {
-    PluginRecord record;
-    record.path = dir;
-    record.mode = mode;
-    records_.push_back(record);
-    refuse(records_.back(), "plugin directory is world-writable; refusing to load from it "
-                            "(allow_world_writable / --allow-world-writable overrides)");
-    return;
+  if (!options_.allow_world_writable && world_writable(dir)) {
+    return refuse_path(dir, mode, "plugin directory is world-writable; refusing to load from it "
+                                  "(allow_world_writable / --allow-world-writable overrides)");
   }
   std::vector<fs::path> files;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    if (entry.path().extension() == ".so") files.push_back(entry.path());
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->path().extension() == ".so") files.push_back(it->path());
   }
+  if (ec) return refuse_path(dir, mode, "cannot list plugin directory: " + ec.message());
   std::sort(files.begin(), files.end());
   for (const auto& file : files) load_file(file, mode);
 }
@@ -132,9 +136,10 @@ PluginRecord PluginHost::load_file(const fs::path& file, PluginMode mode) {
   struct stat st {};
   if (::stat(file.c_str(), &st) != 0) return refuse(record, "no such file");
   if (!S_ISREG(st.st_mode)) return refuse(record, "not a regular file");
-  if ((st.st_mode & S_IWOTH) && !options_.allow_world_writable) {
-    return refuse(record, "plugin file is world-writable; refusing to load it "
-                          "(allow_world_writable / --allow-world-writable overrides)");
+  if (!options_.allow_world_writable && (world_writable(file) || world_writable(file.parent_path()))) {
+    return refuse(record, fmt::format("plugin {} is world-writable; refusing to load it "
+                                      "(allow_world_writable / --allow-world-writable overrides)",
+                                      world_writable(file) ? "file" : "directory"));
   }
   for (const auto& loaded : loaded_identities()) {
     if (loaded.device == st.st_dev && loaded.inode == st.st_ino) {
@@ -209,6 +214,9 @@ PluginRecord PluginHost::load_file(const fs::path& file, PluginMode mode) {
     offer.cls.origin = origin;
     if (!offer.cls.factory) return refuse(record, fmt::format("class '{}' has no factory", offer.cls.name));
     if (offer.cls.name.empty()) return refuse(record, "a replacement class has no name");
+    for (const auto& earlier : offered) {
+      if (earlier.name == offer.cls.name) return refuse(record, fmt::format("class '{}' is offered twice", offer.cls.name));
+    }
     if (find_class(offer.cls.name)) {
       const auto existing = find_class(offer.cls.name)->origin;
       return refuse(record, fmt::format("class '{}' is already offered by {}", offer.cls.name, existing.describe()));
@@ -218,6 +226,11 @@ PluginRecord PluginHost::load_file(const fs::path& file, PluginMode mode) {
       if (!expected.empty() && expected != offer.cls.role) {
         return refuse(record, fmt::format("class '{}' has role {}, but its key '{}' is a patch point of role {}",
                                           offer.cls.name, offer.cls.role, key, expected));
+      }
+      try {
+        PatchMapping({{key, offer.cls}});  // validates the key as a regular expression in either mode
+      } catch (const Error& e) {
+        return refuse(record, e.what());
       }
       if (mode == PluginMode::DropIn) {
         for (const auto& [other_key, other] : dropin_keys_) {

@@ -79,6 +79,7 @@ class PluginHost {
 
  private:
   PluginRecord& refuse(PluginRecord& record, std::string reason);
+  void refuse_path(const std::filesystem::path& path, PluginMode mode, std::string reason);
   PluginHostOptions options_;
   PatchRegistry& registry_;
   std::vector<PluginRecord> records_;
