@@ -35,6 +35,7 @@ int cmd_plan(const std::vector<std::string>& argv) {
   load_plugins(host, args);
   const BuiltModel built = build_model(host, args);
   const auto& model = *built.model;
+  if (!args.flag("json")) print_load_report(built);
 
   if (args.flag("json")) {
     auto points = nlohmann::json::array();
@@ -48,7 +49,8 @@ int cmd_plan(const std::vector<std::string>& argv) {
     std::cout << nlohmann::json{{"model", {{"class", model.class_name()}, {"model_type", model.config().model_type},
                                            {"source", built.source}}},
                                 {"patch_points", points},
-                                {"unmatched_keys", unmatched}}
+                                {"unmatched_keys", unmatched},
+                                {"load_report", built.report ? built.report->to_json() : nlohmann::json()}}
                      .dump(2)
               << "\n";
     return 0;
@@ -75,6 +77,9 @@ int cmd_plan(const std::vector<std::string>& argv) {
     }
   }
   std::cout << fmt::format("\n{} of {} patch points replaced\n", patched, total);
+  if (built.report) {
+    for (const auto& rule : built.report->conversions) std::cout << "checkpoint converted by " << rule << "\n";
+  }
   for (const auto& key : built.unmatched_keys) {
     const auto hint = did_you_mean(key);
     std::cout << fmt::format("registered key '{}' matched nothing{}\n", key, hint.empty() ? "" : "; " + hint);

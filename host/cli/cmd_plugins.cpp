@@ -32,7 +32,8 @@ int cmd_plugins(const std::vector<std::string>& argv) {
                       {"status", p.status_name()},
                       {"mode", p.mode == PluginMode::DropIn ? "drop-in" : "bundled"},
                       {"reason", p.reason},
-                      {"classes", classes}});
+                      {"classes", classes},
+                      {"conversions", p.conversions}});
     }
     std::cout << nlohmann::json{{"plugins", list}}.dump(2) << "\n";
     return 0;
@@ -45,6 +46,7 @@ int cmd_plugins(const std::vector<std::string>& argv) {
       std::cout << fmt::format("          class {} (role {}){}{}\n", c.name, c.role, c.keys.empty() ? "" : " for ",
                                fmt::join(c.keys, ", "));
     }
+    for (const auto& c : p.conversions) std::cout << "          weight conversion for " << c << "\n";
     if (!p.reason.empty()) std::cout << "          reason: " << p.reason << "\n";
   }
   return 0;

@@ -65,6 +65,7 @@ int cmd_run(const std::vector<std::string>& argv) {
   PluginHost host(PluginHostOptions{args.flag("strict"), args.flag("allow-world-writable")});
   load_plugins(host, args);
   const BuiltModel built = build_model(host, args);
+  if (!args.flag("json")) print_load_report(built);
 
   at::NoGradGuard no_grad;
   const ModelOutput out = built.model->forward(inputs);
@@ -97,7 +98,8 @@ int cmd_run(const std::vector<std::string>& argv) {
 
   if (args.flag("json")) {
     std::cout << nlohmann::json{{"model", built.model->class_name()}, {"source", built.source}, {"rows", rows},
-                                {"counters", counters}, {"output", args.value("output")}}
+                                {"counters", counters}, {"output", args.value("output")},
+                                {"load_report", built.report ? built.report->to_json() : nlohmann::json()}}
                      .dump(2)
               << "\n";
     return 0;

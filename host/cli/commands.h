@@ -9,5 +9,6 @@ namespace torchpatch::cli {
 int cmd_plugins(const std::vector<std::string>& argv);
 int cmd_plan(const std::vector<std::string>& argv);
 int cmd_run(const std::vector<std::string>& argv);
+int cmd_save(const std::vector<std::string>& argv);
 
 }  // namespace torchpatch::cli

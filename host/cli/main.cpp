@@ -17,6 +17,7 @@ commands:
   plugins   list plugins found, loaded and refused (with the reason)
   plan      show the module tree and what each patch point becomes
   run       run a forward pass and print the most likely next tokens
+  save      load a model (patched or not) and save it in the hub layout
 
 Run 'torchpatch <command> --help' for a command's options.
 )";
@@ -36,6 +37,7 @@ int main(int argc, char** argv) {
     if (command == "plugins") return cmd_plugins(rest);
     if (command == "plan") return cmd_plan(rest);
     if (command == "run") return cmd_run(rest);
+    if (command == "save") return cmd_save(rest);
     std::cerr << "torchpatch: unknown command '" << command << "'\n\n" << kUsage;
     return 2;
   } catch (const UsageError& e) {

@@ -29,7 +29,9 @@ std::vector<OptionSpec> model_options() {
   specs.insert(specs.begin(),
                {{"model", "DIR", "Hugging Face checkpoint directory (config.json + model.safetensors)"},
                 {"preset", "NAME", "built-in tiny model with fixed random weights (tiny-llama)"},
-                {"patch", "KEY=CLASS", "replace patch point KEY (class name or regex) with CLASS", true}});
+                {"patch", "KEY=CLASS", "replace patch point KEY (class name or regex) with CLASS", true},
+                {"dtype", "TYPE", "parameter dtype: float32 (default), bfloat16 or float16"},
+                {"allow-incomplete", "", "load a checkpoint with missing, unexpected or mismatched tensors and report them"}});
   return specs;
 }
 
@@ -55,20 +57,30 @@ BuiltModel build_model(PluginHost& host, const Args& args) {
   }
   if (args.has("model") == args.has("preset")) throw UsageError("give exactly one of --model DIR and --preset NAME");
 
+  std::optional<c10::ScalarType> dtype;
+  if (args.has("dtype")) {
+    const auto name = args.value("dtype");
+    if (name == "float32") dtype = at::kFloat;
+    else if (name == "bfloat16") dtype = at::kBFloat16;
+    else if (name == "float16") dtype = at::kHalf;
+    else throw UsageError("--dtype: '" + name + "' is not one of float32, bfloat16, float16");
+  }
+
   BuiltModel built;
   ApplyPatches scope;
   if (args.has("preset")) {
     built.source = "preset " + args.value("preset");
     built.model = construct_model(preset_config(args.value("preset")));
     init_random_weights(*built.model, /*seed=*/0);
+    if (dtype) built.model->to(*dtype);
   } else {
     const std::filesystem::path dir = args.value("model");
     built.source = dir.string();
     const auto config = ModelConfig::from_file(dir);
-    const auto weights = dir / "model.safetensors";
-    auto file = checkpoint::SafetensorsFile::open(weights);
+    const auto weights = checkpoint::Checkpoint::open(dir);
     built.model = construct_model(config);
-    checkpoint::load_weights(*built.model, {file});
+    if (dtype) built.model->to(*dtype);
+    built.report = checkpoint::load_weights(*built.model, weights, checkpoint::LoadOptions{!args.flag("allow-incomplete")});
   }
   built.model->eval();
   built.unmatched_keys = scope.unmatched_keys();
@@ -79,6 +91,12 @@ BuiltModel build_model(PluginHost& host, const Args& args) {
                                  built.model->class_name(), hint.empty() ? "" : "; " + hint));
   }
   return built;
+}
+
+void print_load_report(const BuiltModel& built) {
+  if (built.report && !built.report->clean()) {
+    std::cerr << "torchpatch: warning: " << built.report->describe(built.source) << "\n";
+  }
 }
 
 namespace {

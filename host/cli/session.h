@@ -5,7 +5,10 @@
 #include <string>
 #include <vector>
 
+#include <optional>
+
 #include "args.h"
+#include "torchpatch/checkpoint/load.h"
 #include "torchpatch/models/pretrained.h"
 #include "torchpatch/plugin_host.h"
 
@@ -25,11 +28,16 @@ struct BuiltModel {
   std::shared_ptr<PretrainedModel> model;
   std::string source;                       ///< "preset NAME" or the checkpoint directory
   std::vector<std::string> unmatched_keys;  ///< registered keys no patch point matched
+  std::optional<checkpoint::LoadReport> report;  ///< how the checkpoint loaded (--model only)
 };
 
-/// Applies --patch KEY=CLASS, then builds --model DIR (with its weights) or --preset NAME (seed 0).
+/// Applies --patch KEY=CLASS, then builds --model DIR (with its weights) or --preset NAME (seed 0),
+/// in --dtype; --allow-incomplete loads a checkpoint that does not fit and reports it.
 /// In --strict mode a registered key that matched nothing is an error.
 BuiltModel build_model(PluginHost& host, const Args& args);
+
+/// Prints a loading report that is not clean (to stderr), one line per key.
+void print_load_report(const BuiltModel& built);
 
 /// "did you mean 'LlamaAttention'?" for a key close to a known patch point ("" when none is close).
 std::string did_you_mean(const std::string& key);

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <torch/version.h>
 
+#include "torchpatch/checkpoint/conversion.h"
 #include "torchpatch/error.h"
 #include "torchpatch/patching/build.h"
 #include "torchpatch/plugin_api.h"
@@ -52,7 +53,11 @@ class CollectingRegistrar : public Registrar {
   void add_replacement(const std::vector<std::string>& keys, ModuleClass cls) override {
     offers.push_back({keys, std::move(cls)});
   }
+  void add_conversion(const std::string& key, checkpoint::ConversionFactory rules) override {
+    conversions.emplace_back(key, std::move(rules));
+  }
   std::vector<Offer> offers;
+  std::vector<std::pair<std::string, checkpoint::ConversionFactory>> conversions;
 };
 
 std::string safe_string(const char* s) { return s ? std::string(s) : std::string("(null)"); }
@@ -246,12 +251,37 @@ PluginRecord PluginHost::load_file(const fs::path& file, PluginMode mode) {
     }
     offered.push_back({offer.cls.name, offer.cls.role, offer.keys});
   }
+  // Conversions keyed by the plugin's own classes apply only where those classes are used; others
+  // (a model type, say) change loading everywhere, so a catalogue plugin does not register them.
+  std::vector<std::pair<std::string, checkpoint::ConversionFactory>> conversions;
+  for (auto& [key, rules] : registrar.conversions) {
+    const bool own_class = std::any_of(offered.begin(), offered.end(), [&](const auto& c) { return c.name == key; });
+    if (mode == PluginMode::Catalogue && !own_class) continue;
+    if (!rules) return refuse(record, fmt::format("conversion rules for '{}' are empty", key));
+    if (auto holder = checkpoint::conversion_mapping_origin(key)) {
+      return refuse(record, fmt::format("conversion mapping for '{}' conflicts: already registered by {}", key,
+                                        holder->describe()));
+    }
+    conversions.emplace_back(key, std::move(rules));
+  }
   if (!items.empty()) {
     try {
       registry_.register_patch_mapping(items, /*overwrite=*/false);
     } catch (const Error& e) {
       return refuse(record, e.what());
     }
+  }
+  for (std::size_t i = 0; i < conversions.size(); ++i) {
+    try {
+      checkpoint::register_checkpoint_conversion_mapping(conversions[i].first, conversions[i].second, false, origin);
+    } catch (const Error& e) {  // registered by someone else meanwhile: take back what this plugin added
+      for (std::size_t j = 0; j < i; ++j) checkpoint::unregister_checkpoint_conversion_mapping(conversions[j].first);
+      std::vector<std::string> keys;
+      for (const auto& item : items) keys.push_back(item.first);
+      if (!keys.empty()) registry_.unregister_patch_mapping(keys);
+      return refuse(record, e.what());
+    }
+    record.conversions.push_back(conversions[i].first);
   }
 
   // -- accepted

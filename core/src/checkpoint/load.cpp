@@ -1,5 +1,7 @@
+// Loading through the conversion rules, and the reverse for saving.
 #include "torchpatch/checkpoint/load.h"
 
+#include <fstream>
 #include <set>
 
 #include <ATen/ATen.h>
@@ -9,47 +11,271 @@
 
 namespace torchpatch::checkpoint {
 
-namespace {
-bool ignored_on_load(const std::string& name) {
-  // Old checkpoints store the rotary tables, which are computed, not loaded.
-  const std::string suffix = "rotary_emb.inv_freq";
-  return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+namespace fs = std::filesystem;
+
+std::vector<ScopedRules> model_conversion_rules(const PretrainedModel& model, bool add_legacy) {
+  std::vector<ScopedRules> rules;
+  const auto& config = model.config();
+  if (auto own = get_checkpoint_conversion_mapping(model.class_name(), config)) {
+    rules.push_back({"", std::move(*own)});
+  } else if (auto by_type = get_checkpoint_conversion_mapping(config.model_type, config)) {
+    rules.push_back({"", std::move(*by_type)});
+  }
+  // A replacement's rules follow it: they apply under every module of its class.
+  for (const auto& point : model.patch_points()) {
+    if (auto own = get_checkpoint_conversion_mapping(point.module->patch_record().class_name, config)) {
+      rules.push_back({point.path, std::move(*own)});
+    }
+  }
+  if (add_legacy) {
+    if (auto legacy = get_checkpoint_conversion_mapping("legacy", config)) rules.push_back({"", std::move(*legacy)});
+  }
+  return rules;
 }
+
+namespace {
+
+std::vector<int64_t> to_vector(at::IntArrayRef sizes) { return {sizes.begin(), sizes.end()}; }
+
+// The tensors of one converter application, gathered from the checkpoint by source pattern.
+struct Group {
+  const WeightConverter* converter = nullptr;
+  std::vector<std::string> target_keys;
+  std::vector<std::vector<std::string>> source_keys;  // per source pattern, in natural order
+};
+
+// Runs a group's ops; returns (full key, tensor) per output. Throws Error describing the failure.
+std::vector<std::pair<std::string, at::Tensor>> run_group(const Group& group,
+                                                          const std::function<at::Tensor(const std::string&)>& read) {
+  const auto& conv = *group.converter;
+  PatternTensors inputs;
+  for (std::size_t s = 0; s < conv.sources.size(); ++s) {
+    if (group.source_keys[s].empty()) {
+      std::vector<std::string> found;
+      for (const auto& keys : group.source_keys) found.insert(found.end(), keys.begin(), keys.end());
+      throw Error(fmt::format("incomplete sources: nothing matches '{}' (found {})", conv.sources[s],
+                              fmt::join(found, ", ")));
+    }
+    std::vector<at::Tensor> tensors;
+    for (const auto& key : group.source_keys[s]) tensors.push_back(read(key));
+    inputs.push_back({conv.sources[s], std::move(tensors)});
+  }
+  for (const auto& op : conv.operations) inputs = op->convert(std::move(inputs), conv.sources, conv.targets);
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (auto& [pattern, tensors] : inputs) {
+    auto it = std::find(conv.targets.begin(), conv.targets.end(), pattern);
+    if (it == conv.targets.end()) throw Error(fmt::format("produced '{}', which is not a target", pattern));
+    const std::string& key = group.target_keys[static_cast<std::size_t>(it - conv.targets.begin())];
+    const auto star = key.find(".*.");
+    if (star == std::string::npos && tensors.size() != 1) {
+      throw Error(fmt::format("produced {} tensors for '{}'", tensors.size(), key));
+    }
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      std::string name = key;
+      if (star != std::string::npos) name.replace(star, 3, fmt::format(".{}.", i));  // experts.*.w -> experts.i.w
+      out.emplace_back(std::move(name), std::move(tensors[i]));
+    }
+  }
+  return out;
+}
+
+std::string source_name(const Checkpoint& ckpt) {
+  return ckpt.files().size() == 1 ? ckpt.files().front()->path().string() : ckpt.path().string();
+}
+
 }  // namespace
 
-void load_weights(PretrainedModel& model, const std::vector<std::shared_ptr<SafetensorsFile>>& files) {
-  std::map<std::string, const SafetensorsFile*> where;
-  for (const auto& file : files) {
-    for (const auto& info : file->tensors()) where.emplace(info.name, file.get());
+std::string LoadReport::describe(const std::string& source) const {
+  std::string text = fmt::format("{}: the checkpoint does not fit the model", source);
+  for (const auto& key : missing) text += fmt::format("\n  missing tensor '{}'{}", key, strict ? "" : " (left initialised)");
+  for (const auto& key : unexpected) text += fmt::format("\n  unexpected tensor '{}' (no such parameter)", key);
+  for (const auto& m : mismatched) {
+    text += fmt::format("\n  tensor '{}' has shape [{}] but the model expects [{}]{}", m.key,
+                        fmt::join(m.checkpoint_shape, ", "), fmt::join(m.model_shape, ", "),
+                        strict ? "" : " (left initialised)");
   }
-  const auto tied = model.tied_weights();
-  const std::string sources = files.size() == 1 ? files.front()->path().string() : fmt::format("{} files", files.size());
-  std::set<std::string> used;
+  for (const auto& [key, error] : conversion_errors) text += fmt::format("\n  conversion for '{}' failed: {}", key, error);
+  return text;
+}
+
+nlohmann::json LoadReport::to_json() const {
+  auto mismatches = nlohmann::json::array();
+  for (const auto& m : mismatched) {
+    mismatches.push_back({{"key", m.key}, {"checkpoint_shape", m.checkpoint_shape}, {"model_shape", m.model_shape}});
+  }
+  return {{"missing", missing},           {"unexpected", unexpected},   {"mismatched", mismatches},
+          {"conversion_errors", conversion_errors}, {"conversions", conversions}, {"strict", strict}};
+}
+
+LoadReport load_weights(PretrainedModel& model, const Checkpoint& ckpt, const LoadOptions& options) {
+  const ConversionPlan plan(model_conversion_rules(model, /*add_legacy=*/true));
+  std::map<std::string, at::Tensor> params;
+  for (const auto& item : model.named_parameters()) params.emplace(item.key(), item.value());
+
+  LoadReport report;
+  report.strict = options.strict;
+  std::vector<std::pair<std::string, std::string>> direct;  // checkpoint key -> model key
+  std::map<std::string, Group> groups;                       // by first target key
+  std::vector<std::string> group_order;
+  for (const auto& key : ckpt.keys()) {
+    auto route = plan.route(key);
+    if (!params.count(route.key()) && params.count(key)) route = ConversionPlan::Route{{key}, nullptr, 0};
+    if (!params.count(route.key())) {
+      report.unexpected.push_back(route.key() == key ? key : fmt::format("{} (converted to '{}')", key, route.key()));
+      continue;
+    }
+    if (!route.converter) {
+      direct.emplace_back(key, route.key());
+      continue;
+    }
+    auto [it, fresh] = groups.try_emplace(route.key());
+    if (fresh) {
+      it->second = Group{route.converter, route.target_keys, std::vector<std::vector<std::string>>(route.converter->sources.size())};
+      group_order.push_back(route.key());
+    }
+    it->second.source_keys[route.source_index].push_back(key);
+  }
+
+  std::set<std::string> loaded;
   at::NoGradGuard no_grad;
-  for (auto& item : model.named_parameters()) {
-    const std::string& name = item.key();
-    auto found = where.find(name);
-    if (found == where.end()) {
-      if (tied.count(name)) continue;  // shares its tensor with the key it is tied to
-      throw CheckpointError(fmt::format("{}: missing tensor '{}' needed by {}", sources, name, model.class_name()));
+  auto store = [&](const std::string& name, const at::Tensor& value) {
+    auto it = params.find(name);
+    if (it == params.end()) {
+      report.unexpected.push_back(name);
+      return;
     }
-    const SafetensorsFile& file = *found->second;
-    const TensorInfo& info = *file.find(name);
-    auto& param = item.value();
-    if (at::IntArrayRef(info.shape) != param.sizes()) {
-      throw CheckpointError(fmt::format("{}: tensor '{}' has shape [{}] but {} expects [{}]", file.path().string(),
-                                        name, fmt::join(info.shape, ", "), model.class_name(),
-                                        fmt::join(param.sizes(), ", ")));
+    if (value.sizes() != it->second.sizes()) {  // reported as mismatched, not also as missing
+      report.mismatched.push_back({name, to_vector(value.sizes()), to_vector(it->second.sizes())});
+      loaded.insert(name);
+      return;
     }
-    param.copy_(file.tensor(name));
-    used.insert(name);
+    it->second.copy_(value);
+    loaded.insert(name);
+  };
+  for (const auto& [key, name] : direct) store(name, ckpt.tensor(key));
+  std::set<std::string> used;
+  for (const auto& target : group_order) {
+    const Group& group = groups.at(target);
+    try {
+      for (const auto& [name, value] : run_group(group, [&](const std::string& k) { return ckpt.tensor(k); })) {
+        store(name, value);
+      }
+      used.insert(describe(*group.converter));
+    } catch (const std::exception& e) {
+      std::vector<std::string> keys;
+      for (const auto& list : group.source_keys) keys.insert(keys.end(), list.begin(), list.end());
+      report.conversion_errors[target] = fmt::format("{}: {} (checkpoint tensors: {})", describe(*group.converter),
+                                                     e.what(), fmt::join(keys, ", "));
+    }
   }
-  for (const auto& [name, file] : where) {
-    if (!used.count(name) && !ignored_on_load(name)) {
-      throw CheckpointError(fmt::format("{}: unexpected tensor '{}' (no such parameter in {})", file->path().string(),
-                                        name, model.class_name()));
+  report.conversions.assign(used.begin(), used.end());
+
+  const auto tied = model.tied_weights();
+  for (const auto& [name, tensor] : params) {
+    if (loaded.count(name)) continue;
+    auto alias = tied.find(name);
+    if (alias != tied.end() && loaded.count(alias->second)) continue;  // shares the tensor that was loaded
+    report.missing.push_back(name);
+  }
+  std::sort(report.missing.begin(), report.missing.end(), natural_key_less);
+  if (options.strict && !report.clean()) throw CheckpointError(report.describe(source_name(ckpt)));
+  return report;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> hub_state_dict(const PretrainedModel& model) {
+  std::vector<ScopedRules> reversed;
+  for (auto& scoped : model_conversion_rules(model, /*add_legacy=*/false)) {
+    ScopedRules r{scoped.prefix, {}};
+    for (const auto& rule : scoped.rules) r.rules.push_back(reverse_transform(rule));
+    reversed.push_back(std::move(r));
+  }
+  const ConversionPlan plan(std::move(reversed));
+  const auto tied = model.tied_weights();
+  std::map<std::string, at::Tensor> state;
+  for (const auto& item : model.named_parameters()) {
+    if (!tied.count(item.key())) state.emplace(item.key(), item.value().detach());
+  }
+
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  std::map<std::string, Group> groups;
+  std::vector<std::string> group_order;
+  for (const auto& [key, tensor] : state) {
+    auto route = plan.route(key);
+    if (!route.converter) {
+      out.emplace_back(route.key(), tensor);
+      continue;
+    }
+    auto [it, fresh] = groups.try_emplace(route.key());
+    if (fresh) {
+      it->second = Group{route.converter, route.target_keys, std::vector<std::vector<std::string>>(route.converter->sources.size())};
+      group_order.push_back(route.key());
+    }
+    it->second.source_keys[route.source_index].push_back(key);
+  }
+  for (const auto& target : group_order) {
+    const Group& group = groups.at(target);
+    try {
+      for (auto& item : run_group(group, [&](const std::string& k) { return state.at(k); })) out.push_back(std::move(item));
+    } catch (const std::exception& e) {
+      throw CheckpointError(fmt::format("saving {}: {} for '{}': {}", model.class_name(), describe(*group.converter),
+                                        target, e.what()));
     }
   }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return natural_key_less(a.first, b.first); });
+  return out;
+}
+
+void save_pretrained(const PretrainedModel& model, const fs::path& dir, const SaveOptions& options) {
+  const auto tensors = hub_state_dict(model);
+  fs::create_directories(dir);
+
+  nlohmann::json config = model.config().to_json();
+  if (!config.contains("architectures")) config["architectures"] = {model.class_name()};
+  const fs::path config_path = dir / "config.json";
+  const fs::path config_tmp = dir / ("config.json.tmp." + std::to_string(::getpid()));
+  {
+    std::ofstream out(config_tmp);
+    out << config.dump(2) << "\n";
+    if (!out) throw CheckpointError(fmt::format("{}: cannot write", config_tmp.string()));
+  }
+  fs::rename(config_tmp, config_path);
+
+  // Greedy shards in key order, as Hugging Face splits them.
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> shards(1);
+  int64_t shard_bytes = 0, total_bytes = 0;
+  for (const auto& item : tensors) {
+    const int64_t bytes = static_cast<int64_t>(item.second.numel() * item.second.element_size());
+    if (!shards.back().empty() && shard_bytes + bytes > options.max_shard_bytes) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().push_back(item);
+    shard_bytes += bytes;
+    total_bytes += bytes;
+  }
+  const std::map<std::string, std::string> metadata{{"format", "pt"}};
+  // A previous save of the other layout would shadow (index) or confuse (single file) this one.
+  std::error_code ignored;
+  if (shards.size() == 1) {
+    save_safetensors(dir / "model.safetensors", shards.front(), metadata);
+    fs::remove(dir / "model.safetensors.index.json", ignored);
+    return;
+  }
+  fs::remove(dir / "model.safetensors", ignored);
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    const std::string name = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
+    save_safetensors(dir / name, shards[i], metadata);
+    for (const auto& item : shards[i]) weight_map[item.first] = name;
+  }
+  const nlohmann::json index{{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
+  const fs::path index_tmp = dir / ("model.safetensors.index.json.tmp." + std::to_string(::getpid()));
+  {
+    std::ofstream out(index_tmp);
+    out << index.dump(2) << "\n";
+    if (!out) throw CheckpointError(fmt::format("{}: cannot write", index_tmp.string()));
+  }
+  fs::rename(index_tmp, dir / "model.safetensors.index.json");
 }
 
 }  // namespace torchpatch::checkpoint

@@ -54,16 +54,14 @@ std::shared_ptr<PretrainedModel> from_config(const ModelConfig& config) {
   return construct_model(config);
 }
 
-std::shared_ptr<PretrainedModel> from_pretrained(const std::filesystem::path& dir) {
+std::shared_ptr<PretrainedModel> from_pretrained(const std::filesystem::path& dir, const PretrainedOptions& options,
+                                                 checkpoint::LoadReport* report) {
   const auto config = ModelConfig::from_file(dir);
-  const auto weights = std::filesystem::is_directory(dir) ? dir / "model.safetensors" : dir.parent_path() / "model.safetensors";
-  if (!std::filesystem::exists(weights)) {
-    throw CheckpointError(fmt::format("{}: no such file (from_pretrained expects config.json and model.safetensors)",
-                                      weights.string()));
-  }
-  auto file = checkpoint::SafetensorsFile::open(weights);
+  const auto weights = checkpoint::Checkpoint::open(std::filesystem::is_directory(dir) ? dir : dir.parent_path());
   auto model = from_config(config);
-  checkpoint::load_weights(*model, {file});
+  if (options.dtype) model->to(*options.dtype);
+  auto result = checkpoint::load_weights(*model, weights, checkpoint::LoadOptions{options.strict});
+  if (report) *report = std::move(result);
   return model;
 }
 

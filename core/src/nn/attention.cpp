@@ -48,20 +48,19 @@ GqaAttention::GqaAttention(const BuildContext& ctx)
 }
 
 at::Tensor GqaAttention::forward(const at::Tensor& hidden, const AttentionInputs& inputs) {
-  auto out = attend(q_proj(hidden), k_proj(hidden), v_proj(hidden), inputs);
-  return o_proj(out);
+  return o_proj(grouped_query_attention(q_proj(hidden), k_proj(hidden), v_proj(hidden), inputs, shape()));
 }
 
-at::Tensor GqaAttention::attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                const AttentionInputs& inputs) const {
+at::Tensor grouped_query_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const AttentionInputs& inputs, const GqaShape& shape) {
   const auto b = q.size(0), len = q.size(1);
-  auto query = q.view({b, len, num_heads, head_dim}).transpose(1, 2);  // [B, nH, Q, hd]
-  auto key = k.view({b, len, num_key_value_heads, head_dim}).transpose(1, 2);
-  auto value = v.view({b, len, num_key_value_heads, head_dim}).transpose(1, 2);
+  auto query = q.view({b, len, shape.num_heads, shape.head_dim}).transpose(1, 2);  // [B, nH, Q, hd]
+  auto key = k.view({b, len, shape.num_key_value_heads, shape.head_dim}).transpose(1, 2);
+  auto value = v.view({b, len, shape.num_key_value_heads, shape.head_dim}).transpose(1, 2);
   query = apply_rotary(query, inputs.cos, inputs.sin);
   key = apply_rotary(key, inputs.cos, inputs.sin);
-  auto out = eager_attention(query, key, value, inputs.mask, scaling);  // [B, Q, nH, hd]
-  return out.reshape({b, len, num_heads * head_dim});
+  auto out = eager_attention(query, key, value, inputs.mask, shape.scaling);  // [B, Q, nH, hd]
+  return out.reshape({b, len, shape.num_heads * shape.head_dim});
 }
 
 }  // namespace torchpatch::nn

@@ -36,6 +36,7 @@ struct PluginRecord {
   std::string reason;   ///< why it was refused or skipped as a duplicate
   PluginMode mode = PluginMode::DropIn;
   std::vector<OfferedClass> classes;
+  std::vector<std::string> conversions;  ///< keys of the conversion rules it registered
 
   /// "loaded", "refused" or "duplicate".
   const char* status_name() const;

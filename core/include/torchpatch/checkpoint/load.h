@@ -1,20 +1,68 @@
-// Loading checkpoint tensors into a model's parameters.
+// Loading a checkpoint into a model through its conversion rules, with a report of everything that
+// did not fit; and saving a model back in the hub layout.
 #pragma once
 
-#include "torchpatch/export.h"
-
+#include <cstdint>
 #include <filesystem>
-#include <memory>
+#include <map>
+#include <string>
+#include <utility>
 #include <vector>
 
-#include "torchpatch/checkpoint/safetensors.h"
+#include <nlohmann/json.hpp>
+
+#include "torchpatch/checkpoint/checkpoint.h"
+#include "torchpatch/checkpoint/conversion.h"
+#include "torchpatch/export.h"
 #include "torchpatch/models/pretrained.h"
 
 namespace torchpatch::checkpoint {
 
-/// Copies every parameter of `model` from `files` (converting dtype). Strict: a missing tensor (other
-/// than a tied alias), a shape mismatch or an unexpected tensor is a CheckpointError naming the file
-/// and the tensor.
-TORCHPATCH_API void load_weights(PretrainedModel& model, const std::vector<std::shared_ptr<SafetensorsFile>>& files);
+/// What loading found, for the whole checkpoint at once.
+struct TORCHPATCH_API LoadReport {
+  struct Mismatch {
+    std::string key;
+    std::vector<int64_t> checkpoint_shape;
+    std::vector<int64_t> model_shape;
+  };
+  std::vector<std::string> missing;                    ///< model tensors the checkpoint did not provide
+  std::vector<std::string> unexpected;                 ///< checkpoint tensors the model has no place for
+  std::vector<Mismatch> mismatched;                    ///< provided with the wrong shape (not loaded)
+  std::map<std::string, std::string> conversion_errors;  ///< target key -> what went wrong
+  std::vector<std::string> conversions;                ///< rules that converted something
+  bool strict = true;
+
+  bool clean() const { return missing.empty() && unexpected.empty() && mismatched.empty() && conversion_errors.empty(); }
+  /// A multi-line account naming every key; `source` is the checkpoint path.
+  std::string describe(const std::string& source) const;
+  nlohmann::json to_json() const;
+};
+
+struct TORCHPATCH_API LoadOptions {
+  /// Any missing, unexpected, mismatched key or conversion error throws CheckpointError with the
+  /// whole report. Non-strict: what is missing keeps its initial values and the report says so.
+  bool strict = true;
+};
+
+/// The rules that apply to `model`: its class name's (else its model_type's), then the rules of each
+/// patch point's class scoped to the module's path, then (`add_legacy`) the legacy renamings.
+TORCHPATCH_API std::vector<ScopedRules> model_conversion_rules(const PretrainedModel& model, bool add_legacy);
+
+/// Loads `checkpoint` into `model` (converting dtype to each parameter's).
+TORCHPATCH_API LoadReport load_weights(PretrainedModel& model, const Checkpoint& checkpoint,
+                                       const LoadOptions& options = {});
+
+/// The model's tensors in the hub layout: conversions reversed, tied aliases left out, natural order.
+TORCHPATCH_API std::vector<std::pair<std::string, at::Tensor>> hub_state_dict(const PretrainedModel& model);
+
+struct TORCHPATCH_API SaveOptions {
+  /// Tensors are split into shards of at most this many bytes (a single larger tensor gets its own).
+  int64_t max_shard_bytes = int64_t{5} * 1000 * 1000 * 1000;
+};
+
+/// Writes `dir/config.json` and `dir/model.safetensors` (or shards `model-0000i-of-0000n.safetensors`
+/// with `model.safetensors.index.json`), each file written atomically.
+TORCHPATCH_API void save_pretrained(const PretrainedModel& model, const std::filesystem::path& dir,
+                                    const SaveOptions& options = {});
 
 }  // namespace torchpatch::checkpoint

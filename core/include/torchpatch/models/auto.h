@@ -6,9 +6,13 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "torchpatch/checkpoint/load.h"
+#include "torchpatch/checkpoint/load.h"
 #include "torchpatch/models/pretrained.h"
 
 namespace torchpatch {
@@ -21,9 +25,21 @@ TORCHPATCH_API std::shared_ptr<PretrainedModel> construct_model(const ModelConfi
 /// Weights are left as constructed.
 TORCHPATCH_API std::shared_ptr<PretrainedModel> from_config(const ModelConfig& config);
 
-/// Reads `dir/config.json` and `dir/model.safetensors`, builds with the registered patches applied and
-/// loads the weights. Throws CheckpointError / ConfigError naming the file and the fault.
-TORCHPATCH_API std::shared_ptr<PretrainedModel> from_pretrained(const std::filesystem::path& dir);
+/// How from_pretrained loads.
+struct TORCHPATCH_API PretrainedOptions {
+  /// Parameters in this dtype (float32, bfloat16, float16); by default as constructed (float32).
+  std::optional<c10::ScalarType> dtype;
+  /// See checkpoint::LoadOptions: non-strict loading leaves what is missing initialised.
+  bool strict = true;
+};
+
+/// Reads `dir/config.json` and the weights (`model.safetensors` or shards with
+/// `model.safetensors.index.json`), builds with the registered patches applied and loads the weights
+/// through the conversion rules. Throws CheckpointError / ConfigError naming the file and the fault.
+/// `report`, when given, receives the loading report.
+TORCHPATCH_API std::shared_ptr<PretrainedModel> from_pretrained(const std::filesystem::path& dir,
+                                                                const PretrainedOptions& options = {},
+                                                                checkpoint::LoadReport* report = nullptr);
 
 /// Model types torchpatch can build ("llama", ...).
 TORCHPATCH_API std::vector<std::string> supported_model_types();

@@ -14,6 +14,19 @@ namespace torchpatch::nn {
 TORCHPATCH_API at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const at::Tensor& mask, double scaling);
 
+/// Head layout of grouped-query attention.
+struct TORCHPATCH_API GqaShape {
+  int64_t num_heads;
+  int64_t num_key_value_heads;
+  int64_t head_dim;
+  double scaling;  ///< head_dim ** -0.5
+};
+
+/// Everything after the projections: q [B, Q, nH*hd], k/v [B, Q, nKV*hd] -> RoPE, eager attention
+/// -> [B, Q, nH*hd] (before the output projection). Shared by every decoder attention class.
+TORCHPATCH_API at::Tensor grouped_query_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                  const AttentionInputs& inputs, const GqaShape& shape);
+
 /// Self-attention with separate q/k/v/o projections and grouped key/value heads.
 /// State dict: q_proj [nH*hd, H], k_proj [nKV*hd, H], v_proj [nKV*hd, H], o_proj [H, nH*hd]
 /// (+ biases when config.attention_bias).
@@ -30,11 +43,7 @@ class TORCHPATCH_API GqaAttention : public roles::Attention {
   int64_t layer_idx;
   double scaling;  ///< head_dim ** -0.5
 
- protected:
-  /// The part after the projections, for subclasses that project differently:
-  /// q [B, Q, nH*hd], k/v [B, Q, nKV*hd] -> attention output [B, Q, nH*hd] (before o_proj).
-  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    const AttentionInputs& inputs) const;
+  GqaShape shape() const { return {num_heads, num_key_value_heads, head_dim, scaling}; }
 };
 
 }  // namespace torchpatch::nn

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "torchpatch/checkpoint/conversion.h"
 #include "torchpatch/export.h"
 #include "torchpatch/patching/module_class.h"
 
@@ -20,6 +21,11 @@ class TORCHPATCH_API Registrar {
   /// Loaded as a drop-in plugin, the host registers it under those keys; loaded as a catalogue,
   /// the class can be chosen by name (`--patch KEY=CLASS`). An empty `keys` offers the class by name only.
   virtual void add_replacement(const std::vector<std::string>& keys, ModuleClass cls) = 0;
+
+  /// Conversion rules for a model type ("llama"), a model class, or a patch-point class such as the
+  /// plugin's own replacement (then they apply under every module of that class, on load and, reversed,
+  /// on save). Registered with the plugin's replacements; a key another plugin already holds is a conflict.
+  virtual void add_conversion(const std::string& model_type_or_class, checkpoint::ConversionFactory rules) = 0;
 
   /// Shorthand: the ModuleClass of `Impl` (constructible from a BuildContext) named `class_name`.
   template <typename Impl>

@@ -1,0 +1,41 @@
+// A checkpoint's tensors: one model.safetensors, or shards listed in model.safetensors.index.json.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "torchpatch/checkpoint/safetensors.h"
+#include "torchpatch/export.h"
+
+namespace torchpatch::checkpoint {
+
+class TORCHPATCH_API Checkpoint {
+ public:
+  /// Opens `dir/model.safetensors.index.json` and its shards when present, else `dir/model.safetensors`
+  /// (or a .safetensors file given directly). Throws CheckpointError naming the file: no weights, an
+  /// index that is not JSON or lacks weight_map, an index naming a missing shard or a tensor its shard
+  /// does not hold, the same tensor in two shards.
+  static Checkpoint open(const std::filesystem::path& path);
+
+  /// Every tensor name, in natural order.
+  const std::vector<std::string>& keys() const { return keys_; }
+  bool contains(const std::string& key) const { return where_.count(key) > 0; }
+  const SafetensorsFile& file_of(const std::string& key) const;
+  const TensorInfo& info(const std::string& key) const;
+  /// The tensor, viewing the memory map where it can (see SafetensorsFile::tensor).
+  at::Tensor tensor(const std::string& key) const;
+  const std::vector<std::shared_ptr<SafetensorsFile>>& files() const { return files_; }
+  /// The directory or file it was opened from.
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+  std::vector<std::shared_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const SafetensorsFile*> where_;
+  std::vector<std::string> keys_;
+};
+
+}  // namespace torchpatch::checkpoint

@@ -1,0 +1,132 @@
+// Weight conversion between checkpoint layouts and model layouts: Hugging Face's WeightRenaming /
+// WeightConverter with the Concatenate, Chunk, MergeModulelist, SplitModulelist and Transpose ops.
+// Rules run forward on load and in reverse on save, so a patched model saves in the hub layout.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "torchpatch/export.h"
+#include "torchpatch/models/config.h"
+#include "torchpatch/patching/module_class.h"
+
+namespace torchpatch::checkpoint {
+
+/// Tensors collected per source pattern, in the order the op sees them.
+using PatternTensors = std::vector<std::pair<std::string, std::vector<at::Tensor>>>;
+
+/// One tensor operation of a WeightConverter.
+class TORCHPATCH_API ConversionOp {
+ public:
+  virtual ~ConversionOp();
+  /// "Concatenate(dim=0)", as Hugging Face prints it.
+  virtual std::string name() const = 0;
+  /// Maps the collected tensors to new (pattern, tensors) entries; throws on shapes it cannot handle.
+  virtual PatternTensors convert(PatternTensors inputs, const std::vector<std::string>& sources,
+                                 const std::vector<std::string>& targets) const = 0;
+  /// The op that undoes this one (used on save).
+  virtual std::shared_ptr<ConversionOp> reverse() const = 0;
+};
+
+using OpPtr = std::shared_ptr<const ConversionOp>;
+
+/// torch.cat of every source's tensors (sources in declared order) into the one target. `split_sizes`,
+/// when given, are the sizes its reverse Chunk splits back into (and are checked on load): what makes
+/// grouped-query q/k/v of different sizes round-trip.
+TORCHPATCH_API OpPtr Concatenate(int64_t dim = 0, std::vector<int64_t> split_sizes = {});
+/// Splits the one source into one part per target: equal parts, or `split_sizes`.
+TORCHPATCH_API OpPtr Chunk(int64_t dim = 0, std::vector<int64_t> split_sizes = {});
+/// torch.stack of each source's list of tensors (e.g. experts.*.gate_proj.weight) along `dim`.
+TORCHPATCH_API OpPtr MergeModulelist(int64_t dim = 0);
+/// Unstacks along `dim` into a list (the reverse of MergeModulelist).
+TORCHPATCH_API OpPtr SplitModulelist(int64_t dim = 0);
+/// transpose(dim0, dim1).contiguous().
+TORCHPATCH_API OpPtr Transpose(int64_t dim0 = 0, int64_t dim1 = 1);
+
+/// Renames keys: the first match of regular expression `source` is replaced by `target`
+/// (`\1` in `target` is the first capture group).
+struct TORCHPATCH_API WeightRenaming {
+  std::string source;
+  std::string target;
+};
+
+/// Converts tensors: keys matching any `sources` pattern are collected per target key and run through
+/// `operations`. One to one, many to one or one to many. In patterns only the literal `.*.` is
+/// "a dot, anything, a dot" (e.g. `experts.*.gate_proj.weight`); every other character is a regex.
+struct TORCHPATCH_API WeightConverter {
+  std::vector<std::string> sources;
+  std::vector<std::string> targets;
+  std::vector<OpPtr> operations;
+};
+
+using WeightTransform = std::variant<WeightRenaming, WeightConverter>;
+using ConversionRules = std::vector<WeightTransform>;
+/// Rules may depend on the config (e.g. q/k/v sizes of a fused projection).
+using ConversionFactory = std::function<ConversionRules(const ModelConfig&)>;
+
+/// The reverse of a rule (targets and sources swapped, ops reversed and inverted).
+TORCHPATCH_API WeightTransform reverse_transform(const WeightTransform& transform);
+/// "WeightConverter([a, b] -> [c], Concatenate(dim=0))" for messages.
+TORCHPATCH_API std::string describe(const WeightTransform& transform);
+
+/// Registers the conversion rules of a model type ("qwen2_moe"), a model class ("LlamaForCausalLM") or
+/// a patch-point class ("FusedQKVAttention"; its rules apply under each module of that class).
+/// An existing key without `overwrite` is an error naming who registered it.
+TORCHPATCH_API void register_checkpoint_conversion_mapping(const std::string& model_type_or_class, ConversionRules rules,
+                                                           bool overwrite = false, const Origin& origin = {});
+TORCHPATCH_API void register_checkpoint_conversion_mapping(const std::string& model_type_or_class,
+                                                           ConversionFactory factory, bool overwrite = false,
+                                                           const Origin& origin = {});
+TORCHPATCH_API void unregister_checkpoint_conversion_mapping(const std::string& model_type_or_class);
+/// The rules registered for a key (built for `config`), or nullopt.
+TORCHPATCH_API std::optional<ConversionRules> get_checkpoint_conversion_mapping(const std::string& model_type_or_class,
+                                                                                const ModelConfig& config);
+/// Who registered the key (builtin or a plugin), or nullopt when absent.
+TORCHPATCH_API std::optional<Origin> conversion_mapping_origin(const std::string& model_type_or_class);
+
+/// Rules scoped to a module path: they see keys relative to `prefix` ("" for the whole model).
+struct TORCHPATCH_API ScopedRules {
+  std::string prefix;
+  ConversionRules rules;
+};
+
+/// Natural order of dotted keys: numeric segments compare as numbers (expert 10 after expert 9).
+TORCHPATCH_API bool natural_key_less(const std::string& a, const std::string& b);
+
+}  // namespace torchpatch::checkpoint
+
+namespace torchpatch::checkpoint {
+
+/// Rules compiled for one model: where each checkpoint key goes. Renamings apply in order (chained),
+/// then the first converter whose source matches; scoped rules only see keys under their prefix.
+class TORCHPATCH_API ConversionPlan {
+ public:
+  explicit ConversionPlan(std::vector<ScopedRules> rules);
+  ~ConversionPlan();
+  ConversionPlan(ConversionPlan&&) noexcept;
+  ConversionPlan& operator=(ConversionPlan&&) noexcept;
+
+  struct Route {
+    std::vector<std::string> target_keys;     ///< full key per converter target (one entry for renamings)
+    const WeightConverter* converter = nullptr;  ///< null: a plain (possibly renamed) tensor
+    std::size_t source_index = 0;             ///< which converter source collects this key
+    const std::string& key() const { return target_keys.front(); }
+  };
+  /// The route of checkpoint key `key`.
+  Route route(const std::string& key) const;
+  bool empty() const;
+
+ private:
+  struct Compiled;
+  std::vector<std::unique_ptr<Compiled>> compiled_;
+};
+
+}  // namespace torchpatch::checkpoint

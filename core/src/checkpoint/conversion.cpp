@@ -1,0 +1,236 @@
+// Conversion rules: their registry, reversal, and routing checkpoint keys through them.
+#include "torchpatch/checkpoint/conversion.h"
+
+#include <mutex>
+
+#include <boost/regex.hpp>
+#include <fmt/format.h>
+
+#include "torchpatch/error.h"
+
+namespace torchpatch::checkpoint {
+
+// -- registry ------------------------------------------------------------------------------------
+
+namespace {
+
+struct RegistryEntry {
+  ConversionFactory factory;
+  Origin origin;
+};
+
+std::mutex& registry_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+std::map<std::string, RegistryEntry>& registry() {
+  // Hugging Face's defaults for the families here: only "legacy" renamings (old BERT names).
+  static std::map<std::string, RegistryEntry> entries{
+      {"legacy",
+       {[](const ModelConfig&) {
+          return ConversionRules{WeightRenaming{"LayerNorm.gamma", "LayerNorm.weight"},
+                                 WeightRenaming{"LayerNorm.beta", "LayerNorm.bias"}};
+        },
+        Origin{}}},
+  };
+  return entries;
+}
+
+}  // namespace
+
+void register_checkpoint_conversion_mapping(const std::string& key, ConversionFactory factory, bool overwrite,
+                                            const Origin& origin) {
+  if (!factory) throw Error(fmt::format("Conversion mapping for '{}': null factory", key));
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto& entries = registry();
+  auto it = entries.find(key);
+  if (it != entries.end() && !overwrite) {
+    throw Error(fmt::format("Conversion mapping for '{}' already exists (registered by {}). Pass overwrite=true to "
+                            "replace it.",
+                            key, it->second.origin.describe()));
+  }
+  entries[key] = RegistryEntry{std::move(factory), origin};
+}
+
+void register_checkpoint_conversion_mapping(const std::string& key, ConversionRules rules, bool overwrite,
+                                            const Origin& origin) {
+  register_checkpoint_conversion_mapping(
+      key, ConversionFactory([rules](const ModelConfig&) { return rules; }), overwrite, origin);
+}
+
+void unregister_checkpoint_conversion_mapping(const std::string& key) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  if (registry().erase(key) == 0) throw Error(fmt::format("Conversion mapping for '{}' is not registered", key));
+}
+
+std::optional<ConversionRules> get_checkpoint_conversion_mapping(const std::string& key, const ModelConfig& config) {
+  ConversionFactory factory;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    auto it = registry().find(key);
+    if (it == registry().end()) return std::nullopt;
+    factory = it->second.factory;
+  }
+  return factory(config);
+}
+
+std::optional<Origin> conversion_mapping_origin(const std::string& key) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto it = registry().find(key);
+  if (it == registry().end()) return std::nullopt;
+  return it->second.origin;
+}
+
+// -- reversal and description --------------------------------------------------------------------
+
+WeightTransform reverse_transform(const WeightTransform& transform) {
+  if (const auto* r = std::get_if<WeightRenaming>(&transform)) return WeightRenaming{r->target, r->source};
+  const auto& c = std::get<WeightConverter>(transform);
+  WeightConverter reversed{c.targets, c.sources, {}};
+  for (auto it = c.operations.rbegin(); it != c.operations.rend(); ++it) reversed.operations.push_back((*it)->reverse());
+  return reversed;
+}
+
+std::string describe(const WeightTransform& transform) {
+  if (const auto* r = std::get_if<WeightRenaming>(&transform)) {
+    return fmt::format("WeightRenaming('{}' -> '{}')", r->source, r->target);
+  }
+  const auto& c = std::get<WeightConverter>(transform);
+  std::vector<std::string> ops;
+  for (const auto& op : c.operations) ops.push_back(op->name());
+  return fmt::format("WeightConverter([{}] -> [{}], {})", fmt::join(c.sources, ", "), fmt::join(c.targets, ", "),
+                     fmt::join(ops, ", "));
+}
+
+bool natural_key_less(const std::string& a, const std::string& b) {
+  std::size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    const std::size_t ei = std::min(a.find('.', i), a.size()), ej = std::min(b.find('.', j), b.size());
+    const std::string sa = a.substr(i, ei - i), sb = b.substr(j, ej - j);
+    const bool da = !sa.empty() && sa.find_first_not_of("0123456789") == std::string::npos;
+    const bool db = !sb.empty() && sb.find_first_not_of("0123456789") == std::string::npos;
+    if (da != db) return da;  // numbers before names, as Python's (0, int) < (1, str)
+    if (da && sa.size() != sb.size()) return sa.size() < sb.size();
+    if (sa != sb) return sa < sb;
+    i = ei + 1;
+    j = ej + 1;
+  }
+  return a.size() - std::min(i, a.size()) < b.size() - std::min(j, b.size());
+}
+
+// -- routing -------------------------------------------------------------------------------------
+
+namespace {
+
+// Only the literal ".*." means "a dot, anything, a dot"; the rest of a pattern is a regular expression.
+boost::regex compile_source(const std::string& pattern) {
+  std::string rx;
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern.compare(i, 3, ".*.") == 0) {
+      rx += "\\..*\\.";
+      i += 2;
+    } else {
+      rx += pattern[i];
+    }
+  }
+  try {
+    return boost::regex(rx, boost::regex::ECMAScript);
+  } catch (const boost::regex_error& e) {
+    throw Error(fmt::format("conversion pattern '{}' is not a valid regular expression: {}", pattern, e.what()));
+  }
+}
+
+std::string render_target(const std::string& target, const boost::smatch& match) {
+  std::string out = target;
+  const auto pos = out.find("\\1");
+  if (pos != std::string::npos) out.replace(pos, 2, match.size() > 1 ? match[1].str() : std::string());
+  return out;
+}
+
+}  // namespace
+
+struct ConversionPlan::Compiled {
+  std::string prefix;  // "" or "model.layers.0.self_attn."
+  ConversionRules rules;
+  std::vector<std::vector<boost::regex>> sources;  // per rule, per source pattern
+};
+
+ConversionPlan::ConversionPlan(std::vector<ScopedRules> scoped) {
+  for (auto& s : scoped) {
+    auto c = std::make_unique<Compiled>();
+    c->prefix = s.prefix.empty() ? "" : s.prefix + ".";
+    for (auto& rule : s.rules) {
+      std::vector<boost::regex> rx;
+      if (const auto* r = std::get_if<WeightRenaming>(&rule)) {
+        rx.push_back(compile_source(r->source));
+      } else {
+        const auto& conv = std::get<WeightConverter>(rule);
+        if (conv.sources.empty() || conv.targets.empty()) throw Error(describe(rule) + ": needs sources and targets");
+        if (conv.sources.size() > 1 && conv.targets.size() > 1) {
+          throw Error(describe(rule) + ": you can only have one to many, one to one or many to one");
+        }
+        if (conv.operations.empty()) throw Error(describe(rule) + ": WeightConverter requires at least one operation");
+        for (const auto& src : conv.sources) rx.push_back(compile_source(src));
+      }
+      c->sources.push_back(std::move(rx));
+      c->rules.push_back(std::move(rule));
+    }
+    compiled_.push_back(std::move(c));
+  }
+}
+
+ConversionPlan::~ConversionPlan() = default;
+ConversionPlan::ConversionPlan(ConversionPlan&&) noexcept = default;
+ConversionPlan& ConversionPlan::operator=(ConversionPlan&&) noexcept = default;
+
+bool ConversionPlan::empty() const {
+  for (const auto& c : compiled_) {
+    if (!c->rules.empty()) return false;
+  }
+  return true;
+}
+
+ConversionPlan::Route ConversionPlan::route(const std::string& key) const {
+  std::string current = key;
+  // Renamings, chained, each within its scope.
+  for (const auto& c : compiled_) {
+    if (current.compare(0, c->prefix.size(), c->prefix) != 0) continue;
+    for (std::size_t r = 0; r < c->rules.size(); ++r) {
+      const auto* renaming = std::get_if<WeightRenaming>(&c->rules[r]);
+      if (!renaming) continue;
+      std::string rel = current.substr(c->prefix.size());
+      boost::smatch m;
+      if (!boost::regex_search(rel, m, c->sources[r][0])) continue;
+      rel.replace(static_cast<std::size_t>(m[0].first - rel.begin()), static_cast<std::size_t>(m[0].length()),
+                  render_target(renaming->target, m));
+      current = c->prefix + rel;
+    }
+  }
+  // Then the first converter that matches.
+  for (const auto& c : compiled_) {
+    if (current.compare(0, c->prefix.size(), c->prefix) != 0) continue;
+    const std::string rel = current.substr(c->prefix.size());
+    for (std::size_t r = 0; r < c->rules.size(); ++r) {
+      const auto* conv = std::get_if<WeightConverter>(&c->rules[r]);
+      if (!conv) continue;
+      for (std::size_t s = 0; s < conv->sources.size(); ++s) {
+        boost::smatch m;
+        if (!boost::regex_search(rel, m, c->sources[r][s])) continue;
+        Route route;
+        route.converter = conv;
+        route.source_index = s;
+        for (const auto& target : conv->targets) {
+          std::string out = rel;
+          out.replace(static_cast<std::size_t>(m[0].first - rel.begin()), static_cast<std::size_t>(m[0].length()),
+                      render_target(target, m));
+          route.target_keys.push_back(c->prefix + out);
+        }
+        return route;
+      }
+    }
+  }
+  return Route{{current}, nullptr, 0};
+}
+
+}  // namespace torchpatch::checkpoint

@@ -1,0 +1,67 @@
+// fused-qkv-attention: one qkv_proj instead of q_proj, k_proj and v_proj, for the decoder attention
+// classes. Split sizes are {nH*hd, nKV*hd, nKV*hd}, so grouped-query attention (fewer key/value heads
+// than query heads) works. Ships the weight conversion that concatenates q/k/v on load and splits
+// them back on save, so checkpoints stay in the hub layout.
+#include <ATen/ATen.h>
+#include <torch/nn/modules/linear.h>
+
+#include "torchpatch/models/config.h"
+#include "torchpatch/nn/attention.h"
+#include "torchpatch/plugin_api.h"
+
+namespace {
+
+using torchpatch::BuildContext;
+using torchpatch::ModelConfig;
+
+std::vector<int64_t> qkv_sizes(const ModelConfig& config) {
+  const auto& d = config.decoder;
+  return {d.num_attention_heads * d.head_dim, d.num_key_value_heads * d.head_dim, d.num_key_value_heads * d.head_dim};
+}
+
+class FusedQKVAttention : public torchpatch::roles::Attention {
+ public:
+  explicit FusedQKVAttention(const BuildContext& ctx)
+      : sizes_(qkv_sizes(ctx.config)),
+        shape_{ctx.config.decoder.num_attention_heads, ctx.config.decoder.num_key_value_heads,
+               ctx.config.decoder.head_dim, 1.0 / std::sqrt(static_cast<double>(ctx.config.decoder.head_dim))} {
+    const auto& d = ctx.config.decoder;
+    using torch::nn::Linear;
+    using torch::nn::LinearOptions;
+    qkv_proj = register_module("qkv_proj", Linear(LinearOptions(d.hidden_size, sizes_[0] + sizes_[1] + sizes_[2])
+                                                      .bias(d.attention_bias)));
+    o_proj = register_module("o_proj", Linear(LinearOptions(sizes_[0], d.hidden_size).bias(d.attention_bias)));
+  }
+
+  at::Tensor forward(const at::Tensor& hidden, const torchpatch::AttentionInputs& inputs) override {
+    const auto qkv = qkv_proj(hidden).split_with_sizes(sizes_, -1);  // one matmul instead of three
+    return o_proj(torchpatch::nn::grouped_query_attention(qkv[0], qkv[1], qkv[2], inputs, shape_));
+  }
+
+  torch::nn::Linear qkv_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  std::vector<int64_t> sizes_;
+  torchpatch::nn::GqaShape shape_;
+};
+
+torchpatch::checkpoint::ConversionRules fused_qkv_rules(const ModelConfig& config) {
+  using namespace torchpatch::checkpoint;
+  ConversionRules rules{WeightConverter{{"q_proj.weight", "k_proj.weight", "v_proj.weight"},
+                                        {"qkv_proj.weight"},
+                                        {Concatenate(0, qkv_sizes(config))}}};
+  if (config.decoder.attention_bias) {
+    rules.push_back(WeightConverter{{"q_proj.bias", "k_proj.bias", "v_proj.bias"}, {"qkv_proj.bias"},
+                                    {Concatenate(0, qkv_sizes(config))}});
+  }
+  return rules;
+}
+
+void register_plugin(torchpatch::Registrar& registrar) {
+  registrar.add_replacement<FusedQKVAttention>("FusedQKVAttention", {"LlamaAttention"});
+  registrar.add_conversion("FusedQKVAttention", fused_qkv_rules);
+}
+
+}  // namespace
+
+TORCHPATCH_PLUGIN("fused-qkv-attention", "1.0.0", register_plugin)
