@@ -15,7 +15,9 @@ namespace {
 std::string plain_name(const torch::nn::Module& module) {
   if (auto* model = dynamic_cast<const PretrainedModel*>(&module)) return model->class_name();
   std::string name = module.name();
-  if (name.rfind("torch::nn::", 0) == 0) name = name.substr(11);
+  for (const std::string ns : {"torch::nn::", "torchpatch::nn::"}) {
+    if (name.rfind(ns, 0) == 0) name = name.substr(ns.size());
+  }
   if (name.size() > 4 && name.compare(name.size() - 4, 4, "Impl") == 0) name.resize(name.size() - 4);
   return name;
 }

@@ -76,11 +76,11 @@ BuiltModel build_model(PluginHost& host, const Args& args) {
   } else {
     const std::filesystem::path dir = args.value("model");
     built.source = dir.string();
-    const auto config = ModelConfig::from_file(dir);
-    const auto weights = checkpoint::Checkpoint::open(dir);
-    built.model = construct_model(config);
-    if (dtype) built.model->to(*dtype);
-    built.report = checkpoint::load_weights(*built.model, weights, checkpoint::LoadOptions{!args.flag("allow-incomplete")});
+    PretrainedOptions options;
+    options.dtype = dtype;
+    options.strict = !args.flag("allow-incomplete");
+    built.report.emplace();
+    built.model = from_pretrained(dir, options, &*built.report);  // inside `scope`, so it records the matches
   }
   built.model->eval();
   built.unmatched_keys = scope.unmatched_keys();

@@ -3,7 +3,6 @@
 // than query heads) works. Ships the weight conversion that concatenates q/k/v on load and splits
 // them back on save, so checkpoints stay in the hub layout.
 #include <ATen/ATen.h>
-#include <torch/nn/modules/linear.h>
 
 #include "torchpatch/models/config.h"
 #include "torchpatch/nn/attention.h"
@@ -26,19 +25,18 @@ class FusedQKVAttention : public torchpatch::roles::Attention {
         shape_{ctx.config.decoder.num_attention_heads, ctx.config.decoder.num_key_value_heads,
                ctx.config.decoder.head_dim, 1.0 / std::sqrt(static_cast<double>(ctx.config.decoder.head_dim))} {
     const auto& d = ctx.config.decoder;
-    using torch::nn::Linear;
-    using torch::nn::LinearOptions;
-    qkv_proj = register_module("qkv_proj", Linear(LinearOptions(d.hidden_size, sizes_[0] + sizes_[1] + sizes_[2])
-                                                      .bias(d.attention_bias)));
-    o_proj = register_module("o_proj", Linear(LinearOptions(sizes_[0], d.hidden_size).bias(d.attention_bias)));
+    using torchpatch::nn::Linear;
+    qkv_proj = register_module("qkv_proj", std::make_shared<Linear>(d.hidden_size, sizes_[0] + sizes_[1] + sizes_[2],
+                                                                    d.attention_bias));
+    o_proj = register_module("o_proj", std::make_shared<Linear>(sizes_[0], d.hidden_size, d.attention_bias));
   }
 
   at::Tensor forward(const at::Tensor& hidden, const torchpatch::AttentionInputs& inputs) override {
-    const auto qkv = qkv_proj(hidden).split_with_sizes(sizes_, -1);  // one matmul instead of three
-    return o_proj(torchpatch::nn::grouped_query_attention(qkv[0], qkv[1], qkv[2], inputs, shape_));
+    const auto qkv = qkv_proj->forward(hidden).split_with_sizes(sizes_, -1);  // one matmul instead of three
+    return o_proj->forward(torchpatch::nn::grouped_query_attention(qkv[0], qkv[1], qkv[2], inputs, shape_));
   }
 
-  torch::nn::Linear qkv_proj{nullptr}, o_proj{nullptr};
+  std::shared_ptr<torchpatch::nn::Linear> qkv_proj, o_proj;
 
  private:
   std::vector<int64_t> sizes_;

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "torchpatch/error.h"
+#include "torchpatch/nn/linear.h"
 
 namespace torchpatch::checkpoint {
 
@@ -149,10 +150,20 @@ LoadReport load_weights(PretrainedModel& model, const Checkpoint& ckpt, const Lo
       loaded.insert(name);
       return;
     }
-    it->second.copy_(value);
+    at::Tensor& param = it->second;
+    if (value.scalar_type() == param.scalar_type() && value.is_contiguous() && param.is_contiguous()) {
+      param.set_data(value);  // adopt it: a view of the memory-mapped file, or a fresh conversion result
+    } else {
+      param.copy_(value);  // another dtype (or layout): convert into the parameter
+    }
     loaded.insert(name);
   };
-  for (const auto& [key, name] : direct) store(name, ckpt.tensor(key));
+  const auto tied = model.tied_weights();
+  for (const auto& [key, name] : direct) {
+    auto alias = tied.find(name);
+    if (alias != tied.end() && ckpt.contains(alias->second)) continue;  // the tied tensor is loaded once
+    store(name, ckpt.tensor(key));
+  }
   std::set<std::string> used;
   for (const auto& target : group_order) {
     const Group& group = groups.at(target);
@@ -170,7 +181,6 @@ LoadReport load_weights(PretrainedModel& model, const Checkpoint& ckpt, const Lo
   }
   report.conversions.assign(used.begin(), used.end());
 
-  const auto tied = model.tied_weights();
   for (const auto& [name, tensor] : params) {
     if (loaded.count(name)) continue;
     auto alias = tied.find(name);
@@ -179,6 +189,13 @@ LoadReport load_weights(PretrainedModel& model, const Checkpoint& ckpt, const Lo
   }
   std::sort(report.missing.begin(), report.missing.end(), natural_key_less);
   if (options.strict && !report.clean()) throw CheckpointError(report.describe(source_name(ckpt)));
+  // Non-strict: what the checkpoint did not provide gets Hugging Face's initial values.
+  auto initialise = [&](const std::string& name) {
+    const bool is_bias = name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+    nn::init_parameter(params.at(name), is_bias, name.find("norm") != std::string::npos);
+  };
+  for (const auto& name : report.missing) initialise(name);
+  for (const auto& m : report.mismatched) initialise(m.key);
   return report;
 }
 

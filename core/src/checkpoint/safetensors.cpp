@@ -145,7 +145,9 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::pa
     ::close(fd);
     throw fail(fmt::format("truncated: {} bytes, a safetensors file needs at least 8", file_size));
   }
-  void* map = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  // Private and writable: pages are shared with the page cache until written, and a write (say, a
+  // training step on a parameter loaded as a view) copies the page instead of touching the file.
+  void* map = ::mmap(nullptr, file_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
   const int map_err = errno;
   ::close(fd);  // the mapping stays valid without the descriptor
   if (map == MAP_FAILED) throw fail(fmt::format("cannot map: {}", errno_text(map_err)));
@@ -286,10 +288,9 @@ at::Tensor SafetensorsFile::tensor(const std::string& name) const {
 
   const uint8_t* src = data_ + info->begin;
   if (reinterpret_cast<uintptr_t>(src) % static_cast<uintptr_t>(dtype_size(info->dtype)) == 0) {
-    // Zero-copy view of the mapping. from_blob wants a mutable pointer; the mapping is PROT_READ and
-    // MAP_PRIVATE, so the file can never be modified through it, but callers must treat the tensor
-    // as read-only: writing into it (in-place ops) faults. The deleter keeps the file mapped for as
-    // long as the tensor's storage lives.
+    // Zero-copy view of the mapping. The mapping is MAP_PRIVATE (copy on write), so writing into the
+    // tensor never modifies the file, only this process's copy of the page. The deleter keeps the
+    // file mapped for as long as the tensor's storage lives.
     auto keep = shared_from_this();
     return at::from_blob(const_cast<uint8_t*>(src), info->shape, [keep](void*) {}, options);
   }

@@ -8,6 +8,7 @@
 
 #include "torchpatch/checkpoint/load.h"
 #include "torchpatch/error.h"
+#include "torchpatch/nn/linear.h"
 #include "torchpatch/patching/scope.h"
 #include "models/families.h"
 
@@ -58,7 +59,11 @@ std::shared_ptr<PretrainedModel> from_pretrained(const std::filesystem::path& di
                                                  checkpoint::LoadReport* report) {
   const auto config = ModelConfig::from_file(dir);
   const auto weights = checkpoint::Checkpoint::open(std::filesystem::is_directory(dir) ? dir : dir.parent_path());
-  auto model = from_config(config);
+  std::shared_ptr<PretrainedModel> model;
+  {
+    nn::SkipInit skip;  // the checkpoint provides the values (the report says what it did not)
+    model = from_config(config);
+  }
   if (options.dtype) model->to(*options.dtype);
   auto result = checkpoint::load_weights(*model, weights, checkpoint::LoadOptions{options.strict});
   if (report) *report = std::move(result);

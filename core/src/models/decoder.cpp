@@ -45,7 +45,7 @@ void validate_decoder_inputs(const ModelInputs& in, int64_t vocab_size) {
 DecoderModel::DecoderModel(const ModelConfig& config, const DecoderFamily& family, const std::string& prefix)
     : PretrainedModel(config, family.base_model), rotary_emb(config.decoder) {
   const auto& d = this->config().decoder;
-  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(d.vocab_size, d.hidden_size));
+  embed_tokens = register_module("embed_tokens", std::make_shared<nn::Embedding>(d.vocab_size, d.hidden_size));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < d.num_hidden_layers; ++i) {
     BuildContext ctx{this->config(), i, join_path(prefix, fmt::format("layers.{}", i))};
@@ -61,7 +61,7 @@ ModelOutput DecoderModel::forward(const ModelInputs& in) {
   validate_decoder_inputs(in, d.vocab_size);
   const int64_t batch = in.input_ids.size(0), len = in.input_ids.size(1);
 
-  auto h = embed_tokens(in.input_ids.to(at::kLong));  // [B, T, H]
+  auto h = embed_tokens->forward(in.input_ids.to(at::kLong));  // [B, T, H]
   auto position_ids = in.position_ids.defined() ? in.position_ids.to(at::kLong)
                                                 : at::arange(len, at::kLong).unsqueeze(0).expand({batch, len});
   AttentionInputs attn;
@@ -82,7 +82,8 @@ ModelOutput DecoderModel::forward(const ModelInputs& in) {
 }
 
 LmHead::LmHead(int64_t hidden_size, int64_t vocab_size) {
-  weight = register_parameter("weight", at::empty({vocab_size, hidden_size}).normal_(0.0, 0.02));
+  weight = register_parameter("weight", at::empty({vocab_size, hidden_size}));
+  if (!nn::SkipInit::active()) nn::init_parameter(weight, /*is_bias=*/false, /*is_norm=*/false);
 }
 
 LmHead::LmHead(const at::Tensor& tied_weight) { weight = register_parameter("weight", tied_weight); }

@@ -37,18 +37,16 @@ GqaAttention::GqaAttention(const BuildContext& ctx)
       scaling(1.0 / std::sqrt(static_cast<double>(ctx.config.decoder.head_dim))) {
   const auto& cfg = ctx.config.decoder;
   const bool bias = cfg.attention_bias;
-  using torch::nn::Linear;
-  using torch::nn::LinearOptions;
-  q_proj = register_module("q_proj", Linear(LinearOptions(cfg.hidden_size, num_heads * head_dim).bias(bias)));
-  k_proj = register_module(
-      "k_proj", Linear(LinearOptions(cfg.hidden_size, num_key_value_heads * head_dim).bias(bias)));
-  v_proj = register_module(
-      "v_proj", Linear(LinearOptions(cfg.hidden_size, num_key_value_heads * head_dim).bias(bias)));
-  o_proj = register_module("o_proj", Linear(LinearOptions(num_heads * head_dim, cfg.hidden_size).bias(bias)));
+  const auto in = cfg.hidden_size;
+  q_proj = register_module("q_proj", std::make_shared<Linear>(in, num_heads * head_dim, bias));
+  k_proj = register_module("k_proj", std::make_shared<Linear>(in, num_key_value_heads * head_dim, bias));
+  v_proj = register_module("v_proj", std::make_shared<Linear>(in, num_key_value_heads * head_dim, bias));
+  o_proj = register_module("o_proj", std::make_shared<Linear>(num_heads * head_dim, in, bias));
 }
 
 at::Tensor GqaAttention::forward(const at::Tensor& hidden, const AttentionInputs& inputs) {
-  return o_proj(grouped_query_attention(q_proj(hidden), k_proj(hidden), v_proj(hidden), inputs, shape()));
+  return o_proj->forward(grouped_query_attention(q_proj->forward(hidden), k_proj->forward(hidden), v_proj->forward(hidden),
+                                                 inputs, shape()));
 }
 
 at::Tensor grouped_query_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

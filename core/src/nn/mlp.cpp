@@ -21,16 +21,15 @@ GatedMlp::GatedMlp(const BuildContext& ctx) : GatedMlp(ctx, ctx.config.decoder.i
 GatedMlp::GatedMlp(const BuildContext& ctx, int64_t intermediate_size)
     : hidden_act(ctx.config.decoder.hidden_act) {
   const auto& cfg = ctx.config.decoder;
-  using torch::nn::Linear;
-  using torch::nn::LinearOptions;
-  gate_proj = register_module("gate_proj", Linear(LinearOptions(cfg.hidden_size, intermediate_size).bias(cfg.mlp_bias)));
-  up_proj = register_module("up_proj", Linear(LinearOptions(cfg.hidden_size, intermediate_size).bias(cfg.mlp_bias)));
-  down_proj = register_module("down_proj", Linear(LinearOptions(intermediate_size, cfg.hidden_size).bias(cfg.mlp_bias)));
+  const auto h = cfg.hidden_size;
+  gate_proj = register_module("gate_proj", std::make_shared<Linear>(h, intermediate_size, cfg.mlp_bias));
+  up_proj = register_module("up_proj", std::make_shared<Linear>(h, intermediate_size, cfg.mlp_bias));
+  down_proj = register_module("down_proj", std::make_shared<Linear>(intermediate_size, h, cfg.mlp_bias));
   activation(hidden_act, at::zeros({1}));  // reject an unknown activation at build time, not mid-forward
 }
 
 at::Tensor GatedMlp::forward(const at::Tensor& x) {
-  return down_proj(activation(hidden_act, gate_proj(x)) * up_proj(x));
+  return down_proj->forward(activation(hidden_act, gate_proj->forward(x)) * up_proj->forward(x));
 }
 
 }  // namespace torchpatch::nn

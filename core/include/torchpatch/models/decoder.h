@@ -9,10 +9,9 @@
 #include <vector>
 
 #include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
 
 #include "torchpatch/models/pretrained.h"
+#include "torchpatch/nn/linear.h"
 #include "torchpatch/nn/rotary.h"
 #include "torchpatch/patching/roles.h"
 
@@ -34,7 +33,7 @@ class TORCHPATCH_API DecoderModel : public PretrainedModel {
 
   ModelOutput forward(const ModelInputs& inputs) override;
 
-  torch::nn::Embedding embed_tokens{nullptr};
+  std::shared_ptr<nn::Embedding> embed_tokens;
   torch::nn::ModuleList layers{nullptr};
   std::shared_ptr<roles::Norm> norm;
   nn::RotaryEmbedding rotary_emb;

@@ -3,8 +3,8 @@
 
 #include "torchpatch/export.h"
 
-#include <torch/nn/modules/linear.h>
 
+#include "torchpatch/nn/linear.h"
 #include "torchpatch/patching/roles.h"
 
 namespace torchpatch::nn {
@@ -36,7 +36,7 @@ class TORCHPATCH_API GqaAttention : public roles::Attention {
 
   at::Tensor forward(const at::Tensor& hidden, const AttentionInputs& inputs) override;
 
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
   int64_t num_heads;
   int64_t num_key_value_heads;
   int64_t head_dim;

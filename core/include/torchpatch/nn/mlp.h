@@ -3,8 +3,8 @@
 
 #include "torchpatch/export.h"
 
-#include <torch/nn/modules/linear.h>
 
+#include "torchpatch/nn/linear.h"
 #include "torchpatch/patching/roles.h"
 
 namespace torchpatch::nn {
@@ -21,7 +21,7 @@ class TORCHPATCH_API GatedMlp : public roles::Mlp {
 
   at::Tensor forward(const at::Tensor& x) override;
 
-  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
   std::string hidden_act;
 };
 

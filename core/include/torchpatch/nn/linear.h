@@ -1,0 +1,49 @@
+// Linear and Embedding layers whose parameters can be allocated without being initialised, so a
+// model built to receive a checkpoint spends no time (and touches no memory) on values the
+// checkpoint replaces. State-dict names are LibTorch's and Hugging Face's: weight, bias.
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+#include "torchpatch/export.h"
+
+namespace torchpatch::nn {
+
+/// While one is alive on this thread, layers allocate parameters without initialising them
+/// (from_pretrained builds under it; whatever the checkpoint does not provide is then initialised).
+class TORCHPATCH_API SkipInit {
+ public:
+  SkipInit();
+  ~SkipInit();
+  SkipInit(const SkipInit&) = delete;
+  SkipInit& operator=(const SkipInit&) = delete;
+  static bool active();
+};
+
+/// Hugging Face's `_init_weights` for a parameter: normal(0, std) for matrices, zeros for biases,
+/// ones for norm weights (`is_norm`).
+TORCHPATCH_API void init_parameter(at::Tensor& param, bool is_bias, bool is_norm, double std = 0.02);
+
+/// y = x W^T + b. weight [out, in], bias [out] when `bias`.
+class TORCHPATCH_API Linear : public torch::nn::Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias);
+  at::Tensor forward(const at::Tensor& x) const;
+
+  at::Tensor weight;  ///< [out_features, in_features]
+  at::Tensor bias;    ///< [out_features], undefined without bias
+};
+
+/// Token embeddings: weight [num_embeddings, embedding_dim].
+class TORCHPATCH_API Embedding : public torch::nn::Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim);
+  at::Tensor forward(const at::Tensor& ids) const;
+
+  at::Tensor weight;
+};
+
+}  // namespace torchpatch::nn
