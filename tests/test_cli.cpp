@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "torchpatch/checkpoint/checkpoint.h"
+
 using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
 
@@ -206,7 +208,10 @@ TEST_CASE("cli plugins --json lists every refused test plugin with its reason", 
   CHECK_THAT(reasons["testplugin_invalid_regex.so"], Contains("Invalid regex pattern 'Llama(Attention'"));
   CHECK_THAT(reasons["testplugin_role_mismatch.so"], Contains("role Attention"));
   CHECK_THAT(reasons["testplugin_conflict_b.so"], Contains("key 'LlamaMLP' conflicts"));
-  CHECK(reasons.size() == 8);
+  CHECK_THAT(reasons["testplugin_conversion_conflict_b.so"],
+             Contains("conversion mapping for 'conversion_conflict_type' conflicts: already registered by plugin "
+                      "torchpatch-test-conversion-conflict-a 0.1.0"));
+  CHECK(reasons.size() == 9);
 }
 
 TEST_CASE("cli drop-in plugins from --plugin-dir and TORCHPATCH_PLUGIN_PATH apply their keys", "[cli][plugins]") {
@@ -224,4 +229,56 @@ TEST_CASE("cli drop-in plugins from --plugin-dir and TORCHPATCH_PLUGIN_PATH appl
   CHECK(replaced_mlps(torchpatch_cli("plan --preset tiny-llama --json")) == 0);
   CHECK(replaced_mlps(torchpatch_cli("plan --preset tiny-llama --json --plugin-dir " + dir)) == 2);
   CHECK(replaced_mlps(torchpatch_cli("plan --preset tiny-llama --json", "TORCHPATCH_PLUGIN_PATH=" + dir)) == 2);
+}
+
+TEST_CASE("cli save with FusedQKVAttention writes the hub layout back bit-exactly", "[cli][conversion]") {
+  const auto out = temp_file("saved");
+  fs::remove_all(out);
+  const auto r = torchpatch_cli("save --model " + llama_dir() + " --out " + out.string() +
+                                " --patch LlamaAttention=FusedQKVAttention --max-shard-bytes 200000");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Contains("saved LlamaForCausalLM"));
+  const auto original = torchpatch::checkpoint::Checkpoint::open(llama_dir());
+  const auto saved = torchpatch::checkpoint::Checkpoint::open(out);
+  CHECK(saved.files().size() > 1);
+  REQUIRE(saved.keys() == original.keys());
+  for (const auto& key : original.keys()) CHECK(at::equal(saved.tensor(key), original.tensor(key)));
+}
+
+TEST_CASE("cli plan --json reports the conversions the checkpoint went through", "[cli][conversion]") {
+  const auto r = torchpatch_cli("plan --json --model " + llama_dir() + " --patch LlamaAttention=FusedQKVAttention");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  REQUIRE(j["load_report"]["conversions"].size() == 1);
+  CHECK_THAT(j["load_report"]["conversions"][0].get<std::string>(), Contains("Concatenate(dim=0, sizes=[64, 32, 32])"));
+  CHECK(j["load_report"]["missing"].empty());
+}
+
+TEST_CASE("cli loads a checkpoint that does not fit only with --allow-incomplete, and says what is wrong", "[cli][conversion]") {
+  const auto dir = temp_file("incomplete");
+  fs::create_directories(dir);
+  fs::copy_file(llama_dir() + "/config.json", dir / "config.json", fs::copy_options::overwrite_existing);
+  const auto original = torchpatch::checkpoint::Checkpoint::open(llama_dir());
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& key : original.keys()) {
+    if (key != "model.layers.2.mlp.gate_proj.weight") tensors.emplace_back(key, original.tensor(key));
+  }
+  torchpatch::checkpoint::save_safetensors(dir / "model.safetensors", tensors);
+  const auto strict = torchpatch_cli("run --prompt-ids 1,2,3 --model " + dir.string());
+  CHECK(strict.code == 1);
+  CHECK_THAT(strict.out, Contains("missing tensor 'model.layers.2.mlp.gate_proj.weight'"));
+  const auto lenient = torchpatch_cli("run --prompt-ids 1,2,3 --allow-incomplete --model " + dir.string());
+  INFO(lenient.out);
+  CHECK(lenient.code == 0);
+  CHECK_THAT(lenient.out, Contains("missing tensor 'model.layers.2.mlp.gate_proj.weight' (left initialised)"));
+}
+
+TEST_CASE("cli --dtype", "[cli][dtype]") {
+  CHECK(torchpatch_cli("run --preset tiny-llama --prompt-ids 1,2 --dtype bfloat16").code == 0);
+  const auto bad = torchpatch_cli("run --preset tiny-llama --prompt-ids 1,2 --dtype float64");
+  CHECK(bad.code == 2);
+  CHECK_THAT(bad.out, Contains("--dtype: 'float64' is not one of float32, bfloat16, float16"));
+  CHECK(torchpatch_cli("save --preset tiny-llama").code == 2);
 }

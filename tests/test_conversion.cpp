@@ -258,3 +258,20 @@ TEST_CASE("loading into a requested dtype", "[conversion][dtype]") {
   in.input_ids = at::tensor({1, 2, 3}, at::kLong).unsqueeze(0);
   CHECK(model->forward(in).logits.scalar_type() == at::kBFloat16);
 }
+
+TEST_CASE("parameters loaded as views of the file are copy-on-write: writing never touches the file", "[conversion]") {
+  const auto dir = edited_llama("cow", [](auto&) {});
+  auto model = from_pretrained(dir);
+  at::Tensor norm;
+  for (const auto& p : model->named_parameters()) {
+    if (p.key() == "model.norm.weight") norm = p.value();
+  }
+  REQUIRE(norm.defined());
+  const auto before = Checkpoint::open(dir).tensor("model.norm.weight").clone();
+  {
+    at::NoGradGuard no_grad;
+    norm.add_(1.0);
+  }
+  CHECK(at::equal(Checkpoint::open(dir).tensor("model.norm.weight"), before));
+  CHECK(at::equal(norm, before + 1.0));
+}

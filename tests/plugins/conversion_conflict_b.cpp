@@ -1,0 +1,15 @@
+// Test plugin "conversion_conflict_b": registers weight conversions for the model type
+// "conversion_conflict_type", as conversion_conflict_a does; the second one loaded is refused.
+#include "torchpatch/plugin_api.h"
+
+namespace {
+
+void register_plugin(torchpatch::Registrar& registrar) {
+  registrar.add_conversion("conversion_conflict_type", [](const torchpatch::ModelConfig&) {
+    return torchpatch::checkpoint::ConversionRules{torchpatch::checkpoint::WeightRenaming{"old_b", "new_b"}};
+  });
+}
+
+}  // namespace
+
+TORCHPATCH_PLUGIN("torchpatch-test-conversion-conflict-b", "0.1.0", register_plugin)
