@@ -275,3 +275,40 @@ TEST_CASE("parameters loaded as views of the file are copy-on-write: writing nev
   CHECK(at::equal(Checkpoint::open(dir).tensor("model.norm.weight"), before));
   CHECK(at::equal(norm, before + 1.0));
 }
+
+TEST_CASE("op dimensions: negative ones count from the end, missing ones are clear errors", "[conversion]") {
+  const auto a = at::ones({2, 3}), b = at::zeros({2, 1});
+  auto cat = Concatenate(-1)->convert({{"a", {a}}, {"b", {b}}}, {"a", "b"}, {"ab"});
+  CHECK(cat[0].second[0].sizes() == at::IntArrayRef{2, 4});
+  REQUIRE_THROWS_WITH(MergeModulelist(5)->convert({{"e.*.w", {a, a}}}, {"e.*.w"}, {"e.w"}),
+                      Contains("MergeModulelist(dim=5): dimension 5 does not exist in a tensor of rank 3"));
+  REQUIRE_THROWS_WITH(Transpose(0, 2)->convert({{"x", {a}}}, {"x"}, {"y"}),
+                      Contains("dimension 2 does not exist in a tensor of rank 2"));
+}
+
+TEST_CASE("old checkpoints' rotary tables are ignored, not unexpected", "[conversion]") {
+  const auto dir = edited_llama("inv-freq", [](auto& tensors) {
+    tensors.emplace_back("model.layers.0.self_attn.rotary_emb.inv_freq", at::ones({8}));
+  });
+  LoadReport report;
+  from_pretrained(dir, {}, &report);
+  CHECK(report.clean());
+}
+
+TEST_CASE("tied embeddings load from whichever name of the pair the checkpoint holds", "[conversion]") {
+  const auto dir = edited_llama("tied-lm-head", [](auto& tensors) {
+    tensors.erase(std::remove_if(tensors.begin(), tensors.end(),
+                                 [](const auto& t) { return t.first == "model.embed_tokens.weight"; }),
+                  tensors.end());
+  });
+  auto config = ModelConfig::from_file(dir).raw;
+  config["tie_word_embeddings"] = true;
+  std::ofstream(dir / "config.json") << config.dump();
+  LoadReport report;
+  auto model = from_pretrained(dir, {}, &report);
+  CHECK(report.clean());
+  const auto lm_head = Checkpoint::open(llama_dir()).tensor("lm_head.weight");
+  for (const auto& p : model->named_parameters()) {
+    if (p.key() == "model.embed_tokens.weight") CHECK(at::equal(p.value(), lm_head));
+  }
+}

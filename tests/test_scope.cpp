@@ -188,3 +188,14 @@ TEST_CASE("stress: concurrent builds see one consistent snapshot each", "[scope]
   CHECK(inconsistent == 0);
   CHECK(get_patch_mapping().empty());
 }
+
+TEST_CASE("scopes closed out of order leave no dangling scope behind", "[scope]") {
+  std::vector<std::unique_ptr<ApplyPatches>> scopes;
+  scopes.push_back(std::make_unique<ApplyPatches>(PatchMapping({{"LlamaAttention", scope_attention()}})));
+  scopes.push_back(std::make_unique<ApplyPatches>(PatchMapping()));
+  scopes.erase(scopes.begin());  // the outer one first
+  CHECK(active_patch_mapping() == &scopes.front()->mapping());
+  scopes.clear();
+  CHECK(active_patch_mapping() == nullptr);
+  CHECK(built(*construct_model(preset_config("tiny-llama")), "LlamaAttention") == kBuiltin);
+}

@@ -28,7 +28,8 @@ ModelInputs read_inputs(const Args& args) {
                                  "attention_mask, position_ids, token_type_ids)",
                                  file->path().string()));
   }
-  auto read = [&](const char* name) { return file->find(name) ? file->tensor(name).to(at::kLong) : at::Tensor(); };
+  // As stored: the model checks the dtypes (float token ids are an error, not silently truncated).
+  auto read = [&](const char* name) { return file->find(name) ? file->tensor(name) : at::Tensor(); };
   in.input_ids = read("input_ids");
   in.attention_mask = read("attention_mask");
   in.position_ids = read("position_ids");

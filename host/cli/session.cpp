@@ -49,7 +49,7 @@ void load_plugins(PluginHost& host, const Args& args, bool warn_refused) {
 
 BuiltModel build_model(PluginHost& host, const Args& args) {
   for (const auto& patch : args.values("patch")) {
-    const auto eq = patch.find('=');
+    const auto eq = patch.rfind('=');  // class names hold no '=', patterns may: (?=...)
     if (eq == std::string::npos || eq == 0 || eq + 1 == patch.size()) {
       throw UsageError(fmt::format("--patch '{}': expected KEY=CLASS", patch));
     }

@@ -203,7 +203,9 @@ PluginRecord PluginHost::load_file(const fs::path& file, PluginMode mode) {
     return refuse(record, fmt::format("missing entry point '{}'", TORCHPATCH_REGISTER_SYMBOL));
   }
 
-  // -- register: collect everything, apply all or nothing
+  // -- register: collect everything, apply all or nothing. From here on the plugin's code has run, so
+  // its library stays loaded even if the plugin is refused (it may have left pointers into itself).
+  loaded_libraries().push_back(library);
   CollectingRegistrar registrar;
   try {
     library.get_alias<void(Registrar&)>(TORCHPATCH_REGISTER_SYMBOL)(registrar);
@@ -292,7 +294,6 @@ PluginRecord PluginHost::load_file(const fs::path& file, PluginMode mode) {
   record.classes = std::move(offered);
   record.status = PluginRecord::Status::Loaded;
   loaded_identities().push_back({st.st_dev, st.st_ino, record.name, file.string()});
-  loaded_libraries().push_back(std::move(library));
   return record;
 }
 

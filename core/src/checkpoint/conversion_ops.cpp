@@ -32,6 +32,15 @@ at::Tensor empty_for_output(at::IntArrayRef sizes, const at::TensorOptions& opti
   return at::from_blob(start, sizes, [base, length](void*) { ::munmap(base, length); }, options);
 }
 
+// A dimension checked against a rank (negative counts from the end), or an Error naming the op.
+int64_t checked_dim(int64_t dim, int64_t rank, const std::string& op) {
+  const int64_t wrapped = dim < 0 ? dim + rank : dim;
+  if (rank <= 0 || wrapped < 0 || wrapped >= rank) {
+    throw Error(fmt::format("{}: dimension {} does not exist in a tensor of rank {}", op, dim, rank));
+  }
+  return wrapped;
+}
+
 std::vector<int64_t> cat_sizes(const std::vector<at::Tensor>& parts, int64_t dim) {
   std::vector<int64_t> sizes(parts.front().sizes().begin(), parts.front().sizes().end());
   sizes[static_cast<std::size_t>(dim)] = 0;
@@ -71,12 +80,14 @@ class ConcatenateOp : public ConversionOp {
     const auto fail = [&] {
       return Error(fmt::format("{}: shapes {} cannot be concatenated along dim {}", name(), shapes(all), dim_));
     };
+    if (all.empty()) throw Error(name() + ": nothing to concatenate");
+    const int64_t dim = checked_dim(dim_, all.front().dim(), name());
     for (const auto& t : all) {
-      if (t.dim() != all.front().dim() || dim_ >= t.dim()) throw fail();
+      if (t.dim() != all.front().dim()) throw fail();
     }
     try {
-      auto out = empty_for_output(cat_sizes(all, dim_), all.front().options());
-      return {{targets[0], {at::cat_out(out, all, dim_)}}};
+      auto out = empty_for_output(cat_sizes(all, dim), all.front().options());
+      return {{targets[0], {at::cat_out(out, all, dim)}}};
     } catch (const c10::Error&) {
       throw fail();
     }
@@ -96,21 +107,22 @@ class ChunkOp : public ConversionOp {
                          const std::vector<std::string>& targets) const override {
     if (inputs.size() != 1 || inputs[0].second.size() != 1) throw Error(name() + " needs exactly one input tensor");
     const at::Tensor& t = inputs[0].second[0];
+    const int64_t dim = checked_dim(dim_, t.dim(), name());
     std::vector<at::Tensor> parts;
     if (sizes_.empty()) {
-      if (dim_ >= t.dim() || t.size(dim_) % static_cast<int64_t>(targets.size()) != 0) {
+      if (t.size(dim) % static_cast<int64_t>(targets.size()) != 0) {
         throw Error(fmt::format("{}: shape [{}] does not split into {} equal parts", name(), fmt::join(t.sizes(), ", "),
                                 targets.size()));
       }
-      parts = t.chunk(static_cast<int64_t>(targets.size()), dim_);
+      parts = t.chunk(static_cast<int64_t>(targets.size()), dim);
     } else {
       int64_t total = 0;
       for (auto s : sizes_) total += s;
-      if (sizes_.size() != targets.size() || dim_ >= t.dim() || t.size(dim_) != total) {
+      if (sizes_.size() != targets.size() || t.size(dim) != total) {
         throw Error(fmt::format("{}: shape [{}] does not split into sizes [{}] for {} targets", name(),
                                 fmt::join(t.sizes(), ", "), fmt::join(sizes_, ", "), targets.size()));
       }
-      parts = t.split_with_sizes(sizes_, dim_);
+      parts = t.split_with_sizes(sizes_, dim);
     }
     PatternTensors out;
     for (size_t i = 0; i < targets.size(); ++i) out.push_back({targets[i], {parts[i].contiguous()}});
@@ -135,11 +147,13 @@ class MergeModulelistOp : public ConversionOp {
                          const std::vector<std::string>& targets) const override {
     PatternTensors out;
     for (auto& [pattern, tensors] : inputs) {
+      if (tensors.empty()) throw Error(name() + ": nothing to stack");
+      const int64_t dim = checked_dim(dim_, tensors.front().dim() + 1, name());
       try {
         std::vector<int64_t> sizes(tensors.front().sizes().begin(), tensors.front().sizes().end());
-        sizes.insert(sizes.begin() + dim_, static_cast<int64_t>(tensors.size()));
+        sizes.insert(sizes.begin() + dim, static_cast<int64_t>(tensors.size()));
         auto stacked = empty_for_output(sizes, tensors.front().options());
-        out.push_back({inputs.size() == 1 ? targets.at(0) : pattern, {at::stack_out(stacked, tensors, dim_)}});
+        out.push_back({inputs.size() == 1 ? targets.at(0) : pattern, {at::stack_out(stacked, tensors, dim)}});
       } catch (const c10::Error&) {
         throw Error(fmt::format("{}: shapes {} cannot be stacked", name(), shapes(tensors)));
       }
@@ -164,7 +178,7 @@ class SplitModulelistOp : public ConversionOp {
       if (tensors.size() != 1) throw Error(name() + " needs one tensor per pattern");
       // Unlike Python's squeeze(), only the split dimension goes: a size-1 dimension elsewhere survives.
       std::vector<at::Tensor> items;
-      for (const auto& t : tensors[0].unbind(dim_)) items.push_back(t.contiguous());
+      for (const auto& t : tensors[0].unbind(checked_dim(dim_, tensors[0].dim(), name()))) items.push_back(t.contiguous());
       out.push_back({inputs.size() == 1 && targets.size() == 1 ? targets[0] : pattern, std::move(items)});
     }
     return out;
@@ -185,11 +199,8 @@ class TransposeOp : public ConversionOp {
                          const std::vector<std::string>& targets) const override {
     if (inputs.size() != 1 || inputs[0].second.size() != 1) throw Error(name() + " needs exactly one input tensor");
     const auto& t = inputs[0].second[0];
-    if (std::max(dim0_, dim1_) >= t.dim()) {
-      throw Error(fmt::format("{}: tensor of shape [{}] has no dimension {}", name(), fmt::join(t.sizes(), ", "),
-                              std::max(dim0_, dim1_)));
-    }
-    return {{targets.at(0), {t.transpose(dim0_, dim1_).contiguous()}}};
+    const int64_t d0 = checked_dim(dim0_, t.dim(), name()), d1 = checked_dim(dim1_, t.dim(), name());
+    return {{targets.at(0), {t.transpose(d0, d1).contiguous()}}};
   }
   std::shared_ptr<ConversionOp> reverse() const override { return std::make_shared<TransposeOp>(dim1_, dim0_); }
 

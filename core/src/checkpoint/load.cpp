@@ -80,6 +80,12 @@ std::vector<std::pair<std::string, at::Tensor>> run_group(const Group& group,
   return out;
 }
 
+// Old checkpoints store the rotary tables, which are computed, not loaded (Hugging Face ignores them).
+bool computed_not_loaded(const std::string& key) {
+  const std::string suffix = "rotary_emb.inv_freq";
+  return key.size() >= suffix.size() && key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 std::string source_name(const Checkpoint& ckpt) {
   return ckpt.files().size() == 1 ? ckpt.files().front()->path().string() : ckpt.path().string();
 }
@@ -122,6 +128,7 @@ LoadReport load_weights(PretrainedModel& model, const Checkpoint& ckpt, const Lo
     auto route = plan.route(key);
     if (!params.count(route.key()) && params.count(key)) route = ConversionPlan::Route{{key}, nullptr, 0};
     if (!params.count(route.key())) {
+      if (computed_not_loaded(key)) continue;
       report.unexpected.push_back(route.key() == key ? key : fmt::format("{} (converted to '{}')", key, route.key()));
       continue;
     }
@@ -133,6 +140,10 @@ LoadReport load_weights(PretrainedModel& model, const Checkpoint& ckpt, const Lo
     if (fresh) {
       it->second = Group{route.converter, route.target_keys, std::vector<std::vector<std::string>>(route.converter->sources.size())};
       group_order.push_back(route.key());
+    } else if (it->second.converter != route.converter) {
+      report.conversion_errors[route.key()] = fmt::format("two rules produce it: {} and {} (from '{}')",
+                                                          describe(*it->second.converter), describe(*route.converter), key);
+      continue;
     }
     it->second.source_keys[route.source_index].push_back(key);
   }
@@ -158,10 +169,15 @@ LoadReport load_weights(PretrainedModel& model, const Checkpoint& ckpt, const Lo
     }
     loaded.insert(name);
   };
-  const auto tied = model.tied_weights();
+  // Tied names share one tensor: load it once (from the first of the pair the checkpoint has).
+  std::map<std::string, std::string> partner;
+  for (const auto& [alias, target] : model.tied_weights()) {
+    partner[alias] = target;
+    partner[target] = alias;
+  }
   for (const auto& [key, name] : direct) {
-    auto alias = tied.find(name);
-    if (alias != tied.end() && ckpt.contains(alias->second)) continue;  // the tied tensor is loaded once
+    auto other = partner.find(name);
+    if (other != partner.end() && loaded.count(other->second)) continue;
     store(name, ckpt.tensor(key));
   }
   std::set<std::string> used;
@@ -183,8 +199,8 @@ LoadReport load_weights(PretrainedModel& model, const Checkpoint& ckpt, const Lo
 
   for (const auto& [name, tensor] : params) {
     if (loaded.count(name)) continue;
-    auto alias = tied.find(name);
-    if (alias != tied.end() && loaded.count(alias->second)) continue;  // shares the tensor that was loaded
+    auto other = partner.find(name);
+    if (other != partner.end() && loaded.count(other->second)) continue;  // shares the tensor that was loaded
     report.missing.push_back(name);
   }
   std::sort(report.missing.begin(), report.missing.end(), natural_key_less);
@@ -212,11 +228,15 @@ std::vector<std::pair<std::string, at::Tensor>> hub_state_dict(const PretrainedM
   for (const auto& item : model.named_parameters()) {
     if (!tied.count(item.key())) state.emplace(item.key(), item.value().detach());
   }
+  std::vector<std::string> keys;  // natural order, so module lists merge as expert 0, 1, ..., 10
+  for (const auto& item : state) keys.push_back(item.first);
+  std::sort(keys.begin(), keys.end(), natural_key_less);
 
   std::vector<std::pair<std::string, at::Tensor>> out;
   std::map<std::string, Group> groups;
   std::vector<std::string> group_order;
-  for (const auto& [key, tensor] : state) {
+  for (const auto& key : keys) {
+    const at::Tensor& tensor = state.at(key);
     auto route = plan.route(key);
     if (!route.converter) {
       out.emplace_back(route.key(), tensor);
@@ -226,6 +246,9 @@ std::vector<std::pair<std::string, at::Tensor>> hub_state_dict(const PretrainedM
     if (fresh) {
       it->second = Group{route.converter, route.target_keys, std::vector<std::vector<std::string>>(route.converter->sources.size())};
       group_order.push_back(route.key());
+    } else if (it->second.converter != route.converter) {
+      throw CheckpointError(fmt::format("saving {}: '{}' is produced by two rules: {} and {}", model.class_name(),
+                                        route.key(), describe(*it->second.converter), describe(*route.converter)));
     }
     it->second.source_keys[route.source_index].push_back(key);
   }
@@ -272,13 +295,13 @@ void save_pretrained(const PretrainedModel& model, const fs::path& dir, const Sa
   }
   const std::map<std::string, std::string> metadata{{"format", "pt"}};
   // A previous save of the other layout would shadow (index) or confuse (single file) this one.
+  // The other layout's files go only once the new ones are complete.
   std::error_code ignored;
   if (shards.size() == 1) {
     save_safetensors(dir / "model.safetensors", shards.front(), metadata);
     fs::remove(dir / "model.safetensors.index.json", ignored);
     return;
   }
-  fs::remove(dir / "model.safetensors", ignored);
   nlohmann::json weight_map = nlohmann::json::object();
   for (std::size_t i = 0; i < shards.size(); ++i) {
     const std::string name = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
@@ -293,6 +316,7 @@ void save_pretrained(const PretrainedModel& model, const fs::path& dir, const Sa
     if (!out) throw CheckpointError(fmt::format("{}: cannot write", index_tmp.string()));
   }
   fs::rename(index_tmp, dir / "model.safetensors.index.json");
+  fs::remove(dir / "model.safetensors", ignored);
 }
 
 }  // namespace torchpatch::checkpoint

@@ -39,6 +39,7 @@ DecoderConfig family_defaults(const std::string& model_type, const std::string& 
 }
 
 std::shared_ptr<PretrainedModel> construct_model(const ModelConfig& config) {
+  family_defaults(config.model_type, "config");  // a clear error for a model type no family builds
   const FamilyEntry& family = families().at(config.model_type);
   std::string cls = family.default_class;
   const auto& arch = config.raw.find("architectures");

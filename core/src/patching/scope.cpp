@@ -7,7 +7,8 @@
 namespace torchpatch {
 
 namespace {
-thread_local std::vector<ApplyPatches::State*> scope_stack;
+// Shared ownership: a scope closed out of order (or never popped) cannot leave a dangling entry.
+thread_local std::vector<std::shared_ptr<ApplyPatches::State>> scope_stack;
 }  // namespace
 
 ApplyPatches::ApplyPatches() : ApplyPatches(get_patch_mapping()) {}
@@ -15,12 +16,17 @@ ApplyPatches::ApplyPatches() : ApplyPatches(get_patch_mapping()) {}
 ApplyPatches::ApplyPatches(PatchMapping mapping) : state_(std::make_shared<State>()) {
   state_->mapping = std::move(mapping);
   state_->hits.assign(state_->mapping.size(), 0);
-  scope_stack.push_back(state_.get());
+  scope_stack.push_back(state_);
 }
 
 ApplyPatches::~ApplyPatches() {
-  // Scopes are RAII objects, so they close in reverse order of opening.
-  if (!scope_stack.empty() && scope_stack.back() == state_.get()) scope_stack.pop_back();
+  // Normally the innermost; scopes kept in containers may close in another order.
+  for (auto it = scope_stack.rbegin(); it != scope_stack.rend(); ++it) {
+    if (*it == state_) {
+      scope_stack.erase(std::next(it).base());
+      break;
+    }
+  }
 }
 
 const PatchMapping& ApplyPatches::mapping() const { return state_->mapping; }
@@ -35,7 +41,7 @@ std::vector<std::string> ApplyPatches::unmatched_keys() const {
 }
 
 namespace detail {
-ApplyPatches::State* active_patch_scope() { return scope_stack.empty() ? nullptr : scope_stack.back(); }
+ApplyPatches::State* active_patch_scope() { return scope_stack.empty() ? nullptr : scope_stack.back().get(); }
 }  // namespace detail
 
 const PatchMapping* active_patch_mapping() {

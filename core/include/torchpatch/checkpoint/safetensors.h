@@ -60,6 +60,8 @@ class TORCHPATCH_API SafetensorsFile : public std::enable_shared_from_this<Safet
 
   /// The named tensor, on CPU, in its stored dtype. A zero-copy view of the mapping when the data is
   /// suitably aligned, else a copy. Throws CheckpointError naming file and tensor when absent.
+  /// Views are copy-on-write (writing to them never changes the file), but the file must not be
+  /// rewritten in place or truncated while they live: replace it by rename, as save_safetensors does.
   at::Tensor tensor(const std::string& name) const;
 
  private:

@@ -15,7 +15,7 @@ namespace torchpatch {
 /// RAII form of Python's `with apply_patches():`. Takes a snapshot of the global registry (or uses
 /// the mapping given) when opened; closes on destruction, exceptions included. Scopes are per
 /// thread and nest (the innermost wins), so two threads can build differently patched models at the
-/// same time.
+/// same time. Close a scope on the thread that opened it.
 class TORCHPATCH_API ApplyPatches {
  public:
   ApplyPatches();
