@@ -15,7 +15,7 @@ namespace {
 std::string plain_name(const torch::nn::Module& module) {
   if (auto* model = dynamic_cast<const PretrainedModel*>(&module)) return model->class_name();
   std::string name = module.name();
-  for (const std::string ns : {"torch::nn::", "torchpatch::nn::"}) {
+  for (const std::string ns : {"torch::nn::", "torchpatch::nn::", "torchpatch::"}) {
     if (name.rfind(ns, 0) == 0) name = name.substr(ns.size());
   }
   if (name.size() > 4 && name.compare(name.size() - 4, 4, "Impl") == 0) name.resize(name.size() - 4);

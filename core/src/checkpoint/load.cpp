@@ -45,6 +45,31 @@ struct Group {
   std::vector<std::vector<std::string>> source_keys;  // per source pattern, in natural order
 };
 
+// Groups keyed by their first target, in the order they were first seen.
+class Groups {
+ public:
+  /// Adds `key` to the group of its route; returns an error text when another rule already feeds it.
+  std::string add(const ConversionPlan::Route& route, const std::string& key) {
+    auto [it, fresh] = groups_.try_emplace(route.key());
+    if (fresh) {
+      it->second = Group{route.converter, route.target_keys,
+                         std::vector<std::vector<std::string>>(route.converter->sources.size())};
+      order_.push_back(route.key());
+    } else if (it->second.converter != route.converter) {
+      return fmt::format("'{}' is produced by two rules: {} and {} (from '{}')", route.key(),
+                         describe(*it->second.converter), describe(*route.converter), key);
+    }
+    it->second.source_keys[route.source_index].push_back(key);
+    return {};
+  }
+  const std::vector<std::string>& order() const { return order_; }
+  const Group& at(const std::string& target) const { return groups_.at(target); }
+
+ private:
+  std::map<std::string, Group> groups_;
+  std::vector<std::string> order_;
+};
+
 // Runs a group's ops; returns (full key, tensor) per output. Throws Error describing the failure.
 std::vector<std::pair<std::string, at::Tensor>> run_group(const Group& group,
                                                           const std::function<at::Tensor(const std::string&)>& read) {
@@ -122,8 +147,7 @@ LoadReport load_weights(PretrainedModel& model, const Checkpoint& ckpt, const Lo
   LoadReport report;
   report.strict = options.strict;
   std::vector<std::pair<std::string, std::string>> direct;  // checkpoint key -> model key
-  std::map<std::string, Group> groups;                       // by first target key
-  std::vector<std::string> group_order;
+  Groups groups;
   for (const auto& key : ckpt.keys()) {
     auto route = plan.route(key);
     if (!params.count(route.key()) && params.count(key)) route = ConversionPlan::Route{{key}, nullptr, 0};
@@ -136,16 +160,8 @@ LoadReport load_weights(PretrainedModel& model, const Checkpoint& ckpt, const Lo
       direct.emplace_back(key, route.key());
       continue;
     }
-    auto [it, fresh] = groups.try_emplace(route.key());
-    if (fresh) {
-      it->second = Group{route.converter, route.target_keys, std::vector<std::vector<std::string>>(route.converter->sources.size())};
-      group_order.push_back(route.key());
-    } else if (it->second.converter != route.converter) {
-      report.conversion_errors[route.key()] = fmt::format("two rules produce it: {} and {} (from '{}')",
-                                                          describe(*it->second.converter), describe(*route.converter), key);
-      continue;
-    }
-    it->second.source_keys[route.source_index].push_back(key);
+    const std::string clash = groups.add(route, key);
+    if (!clash.empty()) report.conversion_errors[route.key()] = clash;
   }
 
   std::set<std::string> loaded;
@@ -181,7 +197,8 @@ LoadReport load_weights(PretrainedModel& model, const Checkpoint& ckpt, const Lo
     store(name, ckpt.tensor(key));
   }
   std::set<std::string> used;
-  for (const auto& target : group_order) {
+  for (const auto& target : groups.order()) {
+    if (report.conversion_errors.count(target)) continue;
     const Group& group = groups.at(target);
     try {
       for (const auto& [name, value] : run_group(group, [&](const std::string& k) { return ckpt.tensor(k); })) {
@@ -233,8 +250,7 @@ std::vector<std::pair<std::string, at::Tensor>> hub_state_dict(const PretrainedM
   std::sort(keys.begin(), keys.end(), natural_key_less);
 
   std::vector<std::pair<std::string, at::Tensor>> out;
-  std::map<std::string, Group> groups;
-  std::vector<std::string> group_order;
+  Groups groups;
   for (const auto& key : keys) {
     const at::Tensor& tensor = state.at(key);
     auto route = plan.route(key);
@@ -242,17 +258,10 @@ std::vector<std::pair<std::string, at::Tensor>> hub_state_dict(const PretrainedM
       out.emplace_back(route.key(), tensor);
       continue;
     }
-    auto [it, fresh] = groups.try_emplace(route.key());
-    if (fresh) {
-      it->second = Group{route.converter, route.target_keys, std::vector<std::vector<std::string>>(route.converter->sources.size())};
-      group_order.push_back(route.key());
-    } else if (it->second.converter != route.converter) {
-      throw CheckpointError(fmt::format("saving {}: '{}' is produced by two rules: {} and {}", model.class_name(),
-                                        route.key(), describe(*it->second.converter), describe(*route.converter)));
-    }
-    it->second.source_keys[route.source_index].push_back(key);
+    const std::string clash = groups.add(route, key);
+    if (!clash.empty()) throw CheckpointError(fmt::format("saving {}: {}", model.class_name(), clash));
   }
-  for (const auto& target : group_order) {
+  for (const auto& target : groups.order()) {
     const Group& group = groups.at(target);
     try {
       for (auto& item : run_group(group, [&](const std::string& k) { return state.at(k); })) out.push_back(std::move(item));
