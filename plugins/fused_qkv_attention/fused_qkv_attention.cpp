@@ -27,8 +27,8 @@ class FusedQKVAttention : public torchpatch::roles::Attention {
     const auto& d = ctx.config.decoder;
     using torchpatch::nn::Linear;
     qkv_proj = register_module("qkv_proj", std::make_shared<Linear>(d.hidden_size, sizes_[0] + sizes_[1] + sizes_[2],
-                                                                    d.attention_bias));
-    o_proj = register_module("o_proj", std::make_shared<Linear>(sizes_[0], d.hidden_size, d.attention_bias));
+                                                                    d.qkv_bias));
+    o_proj = register_module("o_proj", std::make_shared<Linear>(sizes_[0], d.hidden_size, d.o_bias));
   }
 
   at::Tensor forward(const at::Tensor& hidden, const torchpatch::AttentionInputs& inputs) override {
@@ -48,7 +48,7 @@ torchpatch::checkpoint::ConversionRules fused_qkv_rules(const ModelConfig& confi
   ConversionRules rules{WeightConverter{{"q_proj.weight", "k_proj.weight", "v_proj.weight"},
                                         {"qkv_proj.weight"},
                                         {Concatenate(0, qkv_sizes(config))}}};
-  if (config.decoder.attention_bias) {
+  if (config.decoder.qkv_bias) {
     rules.push_back(WeightConverter{{"q_proj.bias", "k_proj.bias", "v_proj.bias"}, {"qkv_proj.bias"},
                                     {Concatenate(0, qkv_sizes(config))}});
   }
@@ -56,7 +56,7 @@ torchpatch::checkpoint::ConversionRules fused_qkv_rules(const ModelConfig& confi
 }
 
 void register_plugin(torchpatch::Registrar& registrar) {
-  registrar.add_replacement<FusedQKVAttention>("FusedQKVAttention", {"LlamaAttention"});
+  registrar.add_replacement<FusedQKVAttention>("FusedQKVAttention", {"LlamaAttention", "MistralAttention", "Qwen2Attention"});
   registrar.add_conversion("FusedQKVAttention", fused_qkv_rules);
 }
 

@@ -17,7 +17,7 @@ namespace torchpatch {
 const std::map<std::string, FamilyEntry>& families() {
   static const std::map<std::string, FamilyEntry> all = [] {
     std::map<std::string, FamilyEntry> m;
-    for (auto family : {llama_family()}) m.emplace(family.model_type, std::move(family));
+    for (auto family : {llama_family(), mistral_family(), qwen2_family()}) m.emplace(family.model_type, std::move(family));
     return m;
   }();
   return all;
@@ -29,18 +29,17 @@ std::vector<std::string> supported_model_types() {
   return types;
 }
 
-DecoderConfig family_defaults(const std::string& model_type, const std::string& source) {
+const FamilyEntry& family_of(const std::string& model_type, const std::string& source) {
   auto it = families().find(model_type);
   if (it == families().end()) {
     throw ConfigError(fmt::format("{}: model_type '{}' is not supported (supported: {})", source, model_type,
                                   fmt::join(supported_model_types(), ", ")));
   }
-  return it->second.defaults;
+  return it->second;
 }
 
 std::shared_ptr<PretrainedModel> construct_model(const ModelConfig& config) {
-  family_defaults(config.model_type, "config");  // a clear error for a model type no family builds
-  const FamilyEntry& family = families().at(config.model_type);
+  const FamilyEntry& family = family_of(config.model_type, "config");
   std::string cls = family.default_class;
   const auto& arch = config.raw.find("architectures");
   if (arch != config.raw.end() && arch->is_array() && !arch->empty() && arch->front().is_string()) {

@@ -73,22 +73,106 @@ RopeParameters read_rope(const json& j, const std::string& source) {
   const std::string where = fmt::format("{}: {}", source, key);
   FieldReader r(scaling, where);
   rope.theta = r.number("rope_theta", rope.theta);
+  rope.partial_rotary_factor = r.number("partial_rotary_factor", rope.partial_rotary_factor);
   rope.rope_type = r.string("rope_type", r.string("type", "default"));
-  rope.factor = r.number("factor", 1.0);
-  if (rope.rope_type == "llama3") {
-    for (const char* required : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
-      if (!r.has(required)) {
-        throw ConfigError(fmt::format("{}: rope_type 'llama3' needs field '{}'", where, required));
+  auto require = [&](std::initializer_list<const char*> fields) {
+    for (const char* field : fields) {
+      if (!r.has(field)) {
+        throw ConfigError(fmt::format("{}: rope_type '{}' needs field '{}'", where, rope.rope_type, field));
       }
     }
+  };
+  const auto& type = rope.rope_type;
+  if (type == "default") return rope;
+  if (type != "linear" && type != "dynamic" && type != "llama3" && type != "yarn") {
+    throw ConfigError(fmt::format("{}: unsupported rope_type '{}' (supported: default, linear, dynamic, llama3, yarn)",
+                                  where, type));
+  }
+  require({"factor"});
+  rope.factor = r.number("factor", 1.0);
+  if (rope.factor < 1.0) throw ConfigError(fmt::format("{}: factor must be >= 1, got {}", where, rope.factor));
+  if (type == "llama3") {
+    require({"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
     rope.low_freq_factor = r.number("low_freq_factor", 1.0);
     rope.high_freq_factor = r.number("high_freq_factor", 4.0);
     rope.original_max_position_embeddings = r.positive("original_max_position_embeddings", 8192);
     if (rope.high_freq_factor == rope.low_freq_factor) {
       throw ConfigError(fmt::format("{}: high_freq_factor must differ from low_freq_factor", where));
     }
+  } else if (type == "yarn") {
+    if (r.has("original_max_position_embeddings")) {
+      rope.original_max_position_embeddings = r.positive("original_max_position_embeddings", 1);
+    }
+    if (r.has("attention_factor")) rope.attention_factor = r.number("attention_factor", 1.0);
+    rope.beta_fast = r.number("beta_fast", 32.0);
+    rope.beta_slow = r.number("beta_slow", 1.0);
+    if (r.has("mscale")) rope.mscale = r.number("mscale", 1.0);
+    if (r.has("mscale_all_dim")) rope.mscale_all_dim = r.number("mscale_all_dim", 1.0);
+    rope.truncate = r.boolean("truncate", true);
   }
   return rope;
+}
+
+// A window size, or none: an absent field takes the family's default, an explicit null turns it off.
+std::optional<int64_t> read_window(const json& j, const FieldReader& f, std::optional<int64_t> fallback) {
+  if (!j.contains("sliding_window")) return fallback;
+  if (j.at("sliding_window").is_null()) return std::nullopt;
+  return f.positive("sliding_window", 1);
+}
+
+// Which layers slide, per family (hf-semantics 5.2, 5.3).
+void read_layer_types(const json& j, const FieldReader& f, const FamilyEntry& family, DecoderConfig& d,
+                      const std::string& source) {
+  using Sliding = FamilyEntry::SlidingLayers;
+  d.layer_types.assign(d.num_hidden_layers, kFullAttention);
+  if (family.sliding == Sliding::kNone) {
+    d.sliding_window.reset();
+    return;
+  }
+  d.sliding_window = read_window(j, f, family.defaults.sliding_window);
+  if (family.sliding == Sliding::kAll) {
+    if (d.sliding_window) d.layer_types.assign(d.num_hidden_layers, kSlidingAttention);
+    return;
+  }
+  if (!f.boolean("use_sliding_window", false)) d.sliding_window.reset();
+  if (f.has("layer_types")) {
+    const auto& types = j.at("layer_types");
+    if (!types.is_array() || static_cast<int64_t>(types.size()) != d.num_hidden_layers) {
+      throw ConfigError(fmt::format("{}: field 'layer_types' must list {} entries (num_hidden_layers), got {}", source,
+                                    d.num_hidden_layers, types.dump()));
+    }
+    for (size_t i = 0; i < types.size(); ++i) {
+      const auto& t = types[i];
+      if (t != kFullAttention && t != kSlidingAttention) {
+        throw ConfigError(fmt::format("{}: layer_types[{}] is {}; expected \"{}\" or \"{}\"", source, i, t.dump(),
+                                      kFullAttention, kSlidingAttention));
+      }
+      if (t == kSlidingAttention && !d.sliding_window) {
+        throw ConfigError(fmt::format("{}: layer_types[{}] is sliding_attention but the config has no sliding window "
+                                      "(set use_sliding_window and sliding_window)",
+                                      source, i));
+      }
+      d.layer_types[i] = t.get<std::string>();
+    }
+    return;
+  }
+  const int64_t first_sliding = f.integer("max_window_layers", 28);
+  for (int64_t i = 0; i < d.num_hidden_layers; ++i) {
+    if (d.sliding_window && i >= first_sliding) d.layer_types[i] = kSlidingAttention;
+  }
+}
+
+std::vector<int64_t> read_token_ids(const json& j, const char* key, const std::string& source) {
+  if (!j.contains(key) || j.at(key).is_null()) return {};
+  const auto& v = j.at(key);
+  std::vector<int64_t> ids;
+  for (const auto& id : v.is_array() ? v : json::array({v})) {
+    if (!id.is_number_integer()) {
+      throw ConfigError(fmt::format("{}: field '{}' must be a token id or a list of them, got {}", source, key, v.dump()));
+    }
+    ids.push_back(id.get<int64_t>());
+  }
+  return ids;
 }
 
 }  // namespace
@@ -100,7 +184,8 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   config.raw = j;
   if (!f.has("model_type")) throw ConfigError(fmt::format("{}: missing required field 'model_type'", source));
   config.model_type = f.string("model_type", "");
-  const DecoderConfig defaults = family_defaults(config.model_type, source);
+  const FamilyEntry& family = family_of(config.model_type, source);
+  const DecoderConfig& defaults = family.defaults;
 
   DecoderConfig& d = config.decoder;
   d.vocab_size = f.positive("vocab_size", defaults.vocab_size);
@@ -108,7 +193,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   d.intermediate_size = f.positive("intermediate_size", defaults.intermediate_size);
   d.num_hidden_layers = f.positive("num_hidden_layers", defaults.num_hidden_layers);
   d.num_attention_heads = f.positive("num_attention_heads", defaults.num_attention_heads);
-  d.num_key_value_heads = f.positive("num_key_value_heads", d.num_attention_heads);
+  d.num_key_value_heads = f.positive("num_key_value_heads", defaults.num_key_value_heads > 0 ? defaults.num_key_value_heads : d.num_attention_heads);
   if (!f.has("head_dim") && d.hidden_size % d.num_attention_heads != 0) {
     throw ConfigError(fmt::format("{}: hidden_size {} is not divisible by num_attention_heads {} (set head_dim)",
                                   source, d.hidden_size, d.num_attention_heads));
@@ -122,15 +207,25 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   d.rms_norm_eps = f.number("rms_norm_eps", defaults.rms_norm_eps);
   d.hidden_act = f.string("hidden_act", defaults.hidden_act);
   d.attention_bias = f.boolean("attention_bias", defaults.attention_bias);
+  d.qkv_bias = defaults.qkv_bias || d.attention_bias;
+  d.o_bias = defaults.o_bias || d.attention_bias;
   d.mlp_bias = f.boolean("mlp_bias", defaults.mlp_bias);
   d.tie_word_embeddings = f.boolean("tie_word_embeddings", defaults.tie_word_embeddings);
   if (f.has("pad_token_id")) d.pad_token_id = f.integer("pad_token_id", 0);
+  d.eos_token_ids = read_token_ids(j, "eos_token_id", source);
+  read_layer_types(j, f, family, d, source);
   d.rope = read_rope(j, source);
   if (d.rope.partial_rotary_factor <= 0 || d.rope.partial_rotary_factor > 1) {
     throw ConfigError(fmt::format("{}: partial_rotary_factor must be in (0, 1], got {}", source,
                                   d.rope.partial_rotary_factor));
   }
   return config;
+}
+
+int64_t DecoderConfig::max_positions() const {
+  const bool stretches = rope.rope_type == "linear" || rope.rope_type == "dynamic";
+  return stretches ? static_cast<int64_t>(static_cast<double>(max_position_embeddings) * rope.factor)
+                   : max_position_embeddings;
 }
 
 ModelConfig ModelConfig::from_file(const std::filesystem::path& path) {

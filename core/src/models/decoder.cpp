@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "torchpatch/error.h"
+#include "torchpatch/generation/cache.h"
 #include "torchpatch/nn/masks.h"
 #include "torchpatch/patching/build.h"
 
@@ -13,9 +14,14 @@ namespace {
 std::string join_path(const std::string& prefix, const std::string& name) {
   return prefix.empty() ? name : prefix + "." + name;
 }
+
+const std::string& layer_type(const DecoderConfig& config, int64_t i) {
+  static const std::string full = kFullAttention;
+  return i < static_cast<int64_t>(config.layer_types.size()) ? config.layer_types[i] : full;
+}
 }  // namespace
 
-void validate_decoder_inputs(const ModelInputs& in, int64_t vocab_size) {
+void validate_decoder_inputs(const ModelInputs& in, int64_t vocab_size, int64_t past_len) {
   const auto& ids = in.input_ids;
   if (!ids.defined()) throw InputError("input_ids: required");
   if (ids.dim() != 2) throw InputError(fmt::format("input_ids: expected [batch, seq] (2 dims), got {} dims", ids.dim()));
@@ -29,16 +35,33 @@ void validate_decoder_inputs(const ModelInputs& in, int64_t vocab_size) {
     throw InputError(fmt::format("input_ids: token id {} at [{}, {}] is out of range for vocab_size {}",
                                  ids[b][t].item<int64_t>(), b, t, vocab_size));
   }
-  for (const auto& [name, tensor] : {std::pair<const char*, const at::Tensor&>{"attention_mask", in.attention_mask},
-                                     std::pair<const char*, const at::Tensor&>{"position_ids", in.position_ids}}) {
-    if (!tensor.defined()) continue;
-    if (tensor.sizes() != ids.sizes()) {
-      throw InputError(fmt::format("{}: shape {} does not match input_ids {}", name, fmt::join(tensor.sizes(), "x"),
-                                   fmt::join(ids.sizes(), "x")));
-    }
+  const std::vector<int64_t> mask_shape{ids.size(0), past_len + ids.size(1)};
+  if (in.attention_mask.defined() && in.attention_mask.sizes() != at::IntArrayRef(mask_shape)) {
+    throw InputError(past_len == 0 ? fmt::format("attention_mask: shape {} does not match input_ids {}",
+                                                 fmt::join(in.attention_mask.sizes(), "x"), fmt::join(ids.sizes(), "x"))
+                                   : fmt::format("attention_mask: shape {} does not match {} ({} cached + {} new "
+                                                 "tokens per row)",
+                                                 fmt::join(in.attention_mask.sizes(), "x"), fmt::join(mask_shape, "x"),
+                                                 past_len, ids.size(1)));
   }
-  if (in.position_ids.defined() && (in.position_ids < 0).any().item<bool>()) {
-    throw InputError("position_ids: negative position");
+  if (in.position_ids.defined()) {
+    if (in.position_ids.sizes() != ids.sizes()) {
+      throw InputError(fmt::format("position_ids: shape {} does not match input_ids {}",
+                                   fmt::join(in.position_ids.sizes(), "x"), fmt::join(ids.sizes(), "x")));
+    }
+    if ((in.position_ids < 0).any().item<bool>()) throw InputError("position_ids: negative position");
+  }
+}
+
+void check_positions(const at::Tensor& position_ids, const DecoderConfig& config) {
+  const int64_t longest = position_ids.max().item<int64_t>() + 1;
+  if (longest > config.max_positions()) {
+    throw InputError(fmt::format(
+        "sequence of {} positions is longer than the model supports ({}: max_position_embeddings {}{})", longest,
+        config.max_positions(), config.max_position_embeddings,
+        config.rope.rope_type == "linear" || config.rope.rope_type == "dynamic"
+            ? fmt::format(" x rope factor {}", config.rope.factor)
+            : std::string(", and rope_type '" + config.rope.rope_type + "' does not stretch it")));
   }
 }
 
@@ -58,20 +81,37 @@ DecoderModel::DecoderModel(const ModelConfig& config, const DecoderFamily& famil
 
 ModelOutput DecoderModel::forward(const ModelInputs& in) {
   const auto& d = config().decoder;
-  validate_decoder_inputs(in, d.vocab_size);
+  auto cache = in.past_key_values;
+  if (!cache && in.use_cache) cache = std::make_shared<DynamicCache>(d);
+  const int64_t past = cache ? cache->get_seq_length() : 0;
+  validate_decoder_inputs(in, d.vocab_size, past);
   const int64_t batch = in.input_ids.size(0), len = in.input_ids.size(1);
 
   auto h = embed_tokens->forward(in.input_ids.to(at::kLong));  // [B, T, H]
   auto position_ids = in.position_ids.defined() ? in.position_ids.to(at::kLong)
-                                                : at::arange(len, at::kLong).unsqueeze(0).expand({batch, len});
+                                                : at::arange(past, past + len, at::kLong).unsqueeze(0).expand({batch, len});
+  check_positions(position_ids, d);
   AttentionInputs attn;
   std::tie(attn.cos, attn.sin) = rotary_emb.forward(position_ids, h.scalar_type());
-  attn.mask = nn::causal_mask(in.attention_mask, batch, len, /*past_len=*/0, h.scalar_type());
   attn.position_ids = position_ids;
+  attn.cache = cache.get();
+
+  // One mask per kind of layer; a sliding layer's cache spans fewer keys than a full one's.
+  std::map<std::string, at::Tensor> masks;
+  for (int64_t i = 0; i < static_cast<int64_t>(layer_list_.size()); ++i) {
+    const auto& type = layer_type(d, i);
+    if (masks.count(type)) continue;
+    const MaskSizes kv = cache ? cache->get_mask_sizes(len, i) : MaskSizes{len, 0};
+    const auto window = type == kSlidingAttention ? d.sliding_window : std::nullopt;
+    masks[type] = nn::attention_mask(in.attention_mask, nn::MaskLayout{batch, len, past, kv, window}, h.scalar_type());
+  }
 
   ModelOutput out;
+  out.past_key_values = cache;
   if (in.output_hidden_states) out.hidden_states.push_back(h);
   for (size_t i = 0; i < layer_list_.size(); ++i) {
+    attn.layer_idx = static_cast<int64_t>(i);
+    attn.mask = masks.at(layer_type(d, attn.layer_idx));
     h = layer_list_[i]->forward(h, attn);
     // Hugging Face convention: the last layer's output is replaced by the normed one.
     if (in.output_hidden_states && i + 1 < layer_list_.size()) out.hidden_states.push_back(h);
@@ -99,8 +139,11 @@ DecoderForCausalLM::DecoderForCausalLM(const ModelConfig& config, const DecoderF
 }
 
 ModelOutput DecoderForCausalLM::forward(const ModelInputs& in) {
+  if (in.logits_to_keep < 0) throw InputError(fmt::format("logits_to_keep: must be >= 0, got {}", in.logits_to_keep));
   auto out = model->forward(in);
-  out.logits = lm_head->forward(out.last_hidden_state);
+  const int64_t len = out.last_hidden_state.size(1);
+  const int64_t keep = in.logits_to_keep == 0 ? len : std::min(in.logits_to_keep, len);
+  out.logits = lm_head->forward(out.last_hidden_state.narrow(1, len - keep, keep));
   return out;
 }
 

@@ -4,29 +4,26 @@
 
 #include <ATen/ATen.h>
 
+#include "torchpatch/generation/cache.h"
 #include "torchpatch/models/config.h"
 #include "torchpatch/nn/rotary.h"
 
 namespace torchpatch::nn {
 
-namespace {
-// [B, nKV, S, hd] -> [B, nKV*groups, S, hd]; head h reads kv head h / groups.
-at::Tensor repeat_kv(const at::Tensor& x, int64_t groups) {
-  if (groups == 1) return x;
-  const auto b = x.size(0), n = x.size(1), s = x.size(2), d = x.size(3);
-  return x.unsqueeze(2).expand({b, n, groups, s, d}).reshape({b, n * groups, s, d});
-}
-}  // namespace
-
 at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const at::Tensor& mask, double scaling) {
-  const int64_t groups = q.size(1) / k.size(1);
-  auto key = repeat_kv(k, groups);
-  auto value = repeat_kv(v, groups);
-  auto scores = at::matmul(q, key.transpose(2, 3)) * scaling;  // [B, nH, Q, KV]
+  const auto b = q.size(0), heads = q.size(1), len = q.size(2), hd = q.size(3);
+  const auto kv_heads = k.size(1), kv_len = k.size(2);
+  const int64_t groups = heads / kv_heads;
+  // Query head h reads key/value head h / groups. Folding each group's heads into the query axis,
+  // [B, nKV, groups*Q, hd], lets one matmul per key/value head serve the whole group, without
+  // copying the keys and values `groups` times (Hugging Face's repeat_kv).
+  auto query = q.reshape({b, kv_heads, groups * len, hd});
+  auto scores = (at::matmul(query, k.transpose(2, 3)) * scaling).view({b, heads, len, kv_len});  // [B, nH, Q, KV]
   if (mask.defined()) scores = scores + mask;
   auto probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
-  return at::matmul(probs, value).transpose(1, 2).contiguous();  // [B, Q, nH, hd]
+  auto out = at::matmul(probs.view({b, kv_heads, groups * len, kv_len}), v);  // [B, nKV, groups*Q, hd]
+  return out.view({b, heads, len, hd}).transpose(1, 2).contiguous();          // [B, Q, nH, hd]
 }
 
 GqaAttention::GqaAttention(const BuildContext& ctx)
@@ -36,12 +33,11 @@ GqaAttention::GqaAttention(const BuildContext& ctx)
       layer_idx(ctx.layer_idx),
       scaling(1.0 / std::sqrt(static_cast<double>(ctx.config.decoder.head_dim))) {
   const auto& cfg = ctx.config.decoder;
-  const bool bias = cfg.attention_bias;
   const auto in = cfg.hidden_size;
-  q_proj = register_module("q_proj", std::make_shared<Linear>(in, num_heads * head_dim, bias));
-  k_proj = register_module("k_proj", std::make_shared<Linear>(in, num_key_value_heads * head_dim, bias));
-  v_proj = register_module("v_proj", std::make_shared<Linear>(in, num_key_value_heads * head_dim, bias));
-  o_proj = register_module("o_proj", std::make_shared<Linear>(num_heads * head_dim, in, bias));
+  q_proj = register_module("q_proj", std::make_shared<Linear>(in, num_heads * head_dim, cfg.qkv_bias));
+  k_proj = register_module("k_proj", std::make_shared<Linear>(in, num_key_value_heads * head_dim, cfg.qkv_bias));
+  v_proj = register_module("v_proj", std::make_shared<Linear>(in, num_key_value_heads * head_dim, cfg.qkv_bias));
+  o_proj = register_module("o_proj", std::make_shared<Linear>(num_heads * head_dim, in, cfg.o_bias));
 }
 
 at::Tensor GqaAttention::forward(const at::Tensor& hidden, const AttentionInputs& inputs) {
@@ -57,6 +53,7 @@ at::Tensor grouped_query_attention(const at::Tensor& q, const at::Tensor& k, con
   auto value = v.view({b, len, shape.num_key_value_heads, shape.head_dim}).transpose(1, 2);
   query = apply_rotary(query, inputs.cos, inputs.sin);
   key = apply_rotary(key, inputs.cos, inputs.sin);
+  if (inputs.cache) std::tie(key, value) = inputs.cache->update(key, value, inputs.layer_idx);  // [B, nKV, KV, hd]
   auto out = eager_attention(query, key, value, inputs.mask, shape.scaling);  // [B, Q, nH, hd]
   return out.reshape({b, len, shape.num_heads * shape.head_dim});
 }

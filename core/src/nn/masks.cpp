@@ -3,27 +3,54 @@
 #include <limits>
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include "torchpatch/error.h"
 
 namespace torchpatch::nn {
 
-at::Tensor causal_mask(const at::Tensor& padding_mask, int64_t batch, int64_t q_len, int64_t past_len,
-                       c10::ScalarType dtype) {
-  const int64_t kv_len = past_len + q_len;
-  auto q_idx = at::arange(past_len, kv_len, at::kLong).unsqueeze(1);  // [Q, 1]
-  auto kv_idx = at::arange(0, kv_len, at::kLong).unsqueeze(0);        // [1, KV]
-  auto allowed = (kv_idx <= q_idx).unsqueeze(0).unsqueeze(0);         // [1, 1, Q, KV]
+namespace {
+double lowest(c10::ScalarType dtype) {
+  switch (dtype) {
+    case at::kDouble: return std::numeric_limits<double>::lowest();
+    case at::kBFloat16: return -3.3895313892515355e38;
+    case at::kHalf: return -65504.0;
+    default: return static_cast<double>(std::numeric_limits<float>::lowest());
+  }
+}
+}  // namespace
+
+at::Tensor attention_mask(const at::Tensor& padding_mask, const MaskLayout& layout, c10::ScalarType dtype) {
+  const auto& [batch, q_len, past_len, kv, window] = layout;
+  if (padding_mask.defined() && (padding_mask.dim() != 2 || padding_mask.size(0) != batch ||
+                                 padding_mask.size(1) != past_len + q_len)) {
+    throw InputError(fmt::format("attention_mask: expected [{}, {}] (batch, cached + new tokens), got {}", batch,
+                                 past_len + q_len, fmt::join(padding_mask.sizes(), "x")));
+  }
+  const bool window_covers_all = !window || kv.length <= *window;
+  if (!padding_mask.defined() && q_len == 1 && window_covers_all) return {};
+
+  auto q_idx = at::arange(past_len, past_len + q_len, at::kLong).unsqueeze(1);    // [Q, 1]
+  auto kv_idx = at::arange(kv.offset, kv.offset + kv.length, at::kLong).unsqueeze(0);  // [1, KV]
+  auto allowed = kv_idx <= q_idx;                                                  // [Q, KV]
+  if (window) allowed = allowed.logical_and(kv_idx > q_idx - *window);
+  allowed = allowed.view({1, 1, q_len, kv.length});
   if (padding_mask.defined()) {
-    auto keep = padding_mask.to(at::kBool).view({batch, 1, 1, kv_len});
+    auto keep = padding_mask.narrow(1, kv.offset, kv.length).to(at::kBool).view({batch, 1, 1, kv.length});
     allowed = allowed.logical_and(keep);
   } else {
-    allowed = allowed.expand({batch, 1, q_len, kv_len});
+    allowed = allowed.expand({batch, 1, q_len, kv.length});
   }
-  const double lowest = dtype == at::kDouble ? std::numeric_limits<double>::lowest()
-                        : dtype == at::kBFloat16 ? -3.3895313892515355e38
-                        : dtype == at::kHalf     ? -65504.0
-                                                 : static_cast<double>(std::numeric_limits<float>::lowest());
-  auto mask = at::zeros({batch, 1, q_len, kv_len}, at::TensorOptions().dtype(dtype));
-  return mask.masked_fill(allowed.logical_not(), lowest);
+  auto mask = at::zeros({batch, 1, q_len, kv.length}, at::TensorOptions().dtype(dtype));
+  return mask.masked_fill(allowed.logical_not(), lowest(dtype));
+}
+
+at::Tensor causal_mask(const at::Tensor& padding_mask, int64_t batch, int64_t q_len, int64_t past_len,
+                       c10::ScalarType dtype) {
+  const MaskLayout layout{batch, q_len, past_len, MaskSizes{past_len + q_len, 0}, std::nullopt};
+  auto mask = attention_mask(padding_mask, layout, dtype);
+  if (!mask.defined()) mask = at::zeros({batch, 1, q_len, past_len + q_len}, at::TensorOptions().dtype(dtype));
+  return mask;
 }
 
 }  // namespace torchpatch::nn

@@ -1,5 +1,6 @@
 #include "torchpatch/nn/rotary.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <ATen/ATen.h>
@@ -34,26 +35,102 @@ at::Tensor llama3_inv_freq(const at::Tensor& inv_freq, const RopeParameters& rop
   return at::where(is_medium, smoothed, inv_low);
 }
 
+// Dynamic NTK: the base grows with the sequence once it passes the trained length.
+double dynamic_base(const RopeParameters& rope, int64_t dim, int64_t max_positions, int64_t seq_len) {
+  const double len = static_cast<double>(seq_len > max_positions ? seq_len : max_positions);
+  const double ratio = rope.factor * len / static_cast<double>(max_positions) - (rope.factor - 1);
+  return rope.theta * std::pow(ratio, static_cast<double>(dim) / static_cast<double>(dim - 2));
+}
+
+double yarn_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
+
+// YaRN: interpolated frequencies (divided by factor) for the long wavelengths, the original ones for
+// the short, a linear ramp between the correction dimensions; cos/sin scaled by the attention factor.
+RopeFrequencies yarn_frequencies(const RopeParameters& rope, int64_t dim, int64_t max_position_embeddings) {
+  double factor = rope.factor;
+  int64_t original_max = max_position_embeddings;
+  if (rope.original_max_position_embeddings > 0) {
+    // A config that stretched max_position_embeddings states its trained length; the ratio is the factor.
+    original_max = rope.original_max_position_embeddings;
+    factor = static_cast<double>(max_position_embeddings) / static_cast<double>(original_max);
+  }
+  RopeFrequencies out;
+  if (rope.attention_factor) {
+    out.attention_scaling = *rope.attention_factor;
+  } else if (rope.mscale && rope.mscale_all_dim) {
+    out.attention_scaling = yarn_mscale(factor, *rope.mscale) / yarn_mscale(factor, *rope.mscale_all_dim);
+  } else {
+    out.attention_scaling = yarn_mscale(factor, 1.0);
+  }
+  const double base = rope.theta;
+  auto correction_dim = [&](double rotations) {
+    return static_cast<double>(dim) * std::log(static_cast<double>(original_max) / (rotations * 2 * M_PI)) /
+           (2 * std::log(base));
+  };
+  double low = correction_dim(rope.beta_fast), high = correction_dim(rope.beta_slow);
+  if (rope.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;  // the original's guard against a zero-width ramp
+  auto pos_freqs = at::pow(base, at::arange(0, dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(dim));
+  auto extrapolation = 1.0 / pos_freqs;
+  auto interpolation = 1.0 / (factor * pos_freqs);
+  auto ramp = ((at::arange(dim / 2, at::kFloat) - low) / (high - low)).clamp(0, 1);
+  auto extrapolation_weight = 1 - ramp;
+  out.inv_freq = interpolation * (1 - extrapolation_weight) + extrapolation * extrapolation_weight;
+  return out;
+}
+
 }  // namespace
 
-RopeFrequencies rope_frequencies(const DecoderConfig& config) {
+RopeFrequencies rope_frequencies(const DecoderConfig& config, int64_t seq_len) {
   const auto& rope = config.rope;
   const int64_t dim = rotary_dim(config);
+  const auto& type = rope.rope_type;
   RopeFrequencies out;
+  if (type == "dynamic") {
+    out.inv_freq = default_inv_freq(dynamic_base(rope, dim, config.max_position_embeddings, seq_len), dim);
+    return out;
+  }
   out.inv_freq = default_inv_freq(rope.theta, dim);
-  if (rope.rope_type == "default") return out;
-  if (rope.rope_type == "llama3") {
+  if (type == "default") return out;
+  if (type == "linear") {
+    out.inv_freq = out.inv_freq / rope.factor;
+    return out;
+  }
+  if (type == "llama3") {
     out.inv_freq = llama3_inv_freq(out.inv_freq, rope);
     return out;
   }
-  throw ConfigError(fmt::format("rope_scaling: unsupported rope_type '{}' (supported: default, llama3)",
+  if (type == "yarn") return yarn_frequencies(rope, dim, config.max_position_embeddings);
+  throw ConfigError(fmt::format("rope_scaling: unsupported rope_type '{}' (supported: default, linear, dynamic, "
+                                "llama3, yarn)",
                                 rope.rope_type));
 }
 
-RotaryEmbedding::RotaryEmbedding(const DecoderConfig& config) : freq_(rope_frequencies(config)) {}
+RotaryEmbedding::RotaryEmbedding(const DecoderConfig& config)
+    : config_(config),
+      freq_(rope_frequencies(config)),
+      original_(freq_),
+      max_seq_len_cached_(config.max_position_embeddings) {}
 
-std::pair<at::Tensor, at::Tensor> RotaryEmbedding::forward(const at::Tensor& position_ids,
-                                                           c10::ScalarType dtype) const {
+void RotaryEmbedding::dynamic_update(int64_t seq_len) {
+  const int64_t original_max = config_.max_position_embeddings;
+  if (seq_len > max_seq_len_cached_) {  // grow
+    freq_ = rope_frequencies(config_, seq_len);
+    max_seq_len_cached_ = seq_len;
+  }
+  if (seq_len < original_max && max_seq_len_cached_ > original_max) {  // reset
+    freq_ = original_;
+    max_seq_len_cached_ = original_max;
+  }
+}
+
+std::pair<at::Tensor, at::Tensor> RotaryEmbedding::forward(const at::Tensor& position_ids, c10::ScalarType dtype) {
+  if (config_.rope.rope_type == "dynamic") dynamic_update(position_ids.max().item<int64_t>() + 1);
   // freqs [B, Q, rot/2] = position * inv_freq, in float32 (a product, as the original's matmul with K=1)
   auto freqs = position_ids.to(at::kFloat).unsqueeze(-1) * freq_.inv_freq.unsqueeze(0).unsqueeze(0);
   auto emb = at::cat({freqs, freqs}, -1);

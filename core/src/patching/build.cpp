@@ -27,6 +27,8 @@ const std::map<std::string, ModuleClass>& builtin_classes() {
   static const std::map<std::string, ModuleClass> classes = [] {
     std::map<std::string, ModuleClass> all;
     add_llama_builtins(all);
+    add_mistral_builtins(all);
+    add_qwen2_builtins(all);
     return all;
   }();
   return classes;

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -14,14 +15,25 @@ namespace torchpatch {
 
 /// Rotary embedding parameters after the legacy `rope_theta` / `rope_scaling` fields were merged.
 struct TORCHPATCH_API RopeParameters {
-  std::string rope_type = "default";  ///< "default" or "llama3" (more variants come with other families)
+  std::string rope_type = "default";  ///< "default", "linear", "dynamic", "llama3" or "yarn"
   double theta = 10000.0;
-  double factor = 1.0;
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
-  int64_t original_max_position_embeddings = 0;
+  double factor = 1.0;  ///< context extension factor (linear, dynamic, llama3, yarn)
+  double low_freq_factor = 1.0;   ///< llama3
+  double high_freq_factor = 4.0;  ///< llama3
+  int64_t original_max_position_embeddings = 0;  ///< llama3 (required), yarn (optional); 0 = not given
   double partial_rotary_factor = 1.0;
+  // yarn
+  std::optional<double> attention_factor;  ///< overrides the computed cos/sin scaling
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  std::optional<double> mscale;
+  std::optional<double> mscale_all_dim;
+  bool truncate = true;  ///< round the correction range to whole dimensions
 };
+
+/// Attention layer kinds, as in Hugging Face's `config.layer_types`.
+inline constexpr const char* kFullAttention = "full_attention";
+inline constexpr const char* kSlidingAttention = "sliding_attention";
 
 /// The fields every decoder-only family here shares (Llama, Mistral, Qwen2 and the MoE families).
 struct TORCHPATCH_API DecoderConfig {
@@ -35,11 +47,22 @@ struct TORCHPATCH_API DecoderConfig {
   int64_t max_position_embeddings = 2048;
   double rms_norm_eps = 1e-6;
   std::string hidden_act = "silu";
-  bool attention_bias = false;
+  bool attention_bias = false;  ///< Llama/Mistral: bias on q/k/v/o together
+  bool qkv_bias = false;        ///< bias on q/k/v (Qwen2: always; Llama: attention_bias)
+  bool o_bias = false;          ///< bias on o_proj (Llama: attention_bias)
   bool mlp_bias = false;
   bool tie_word_embeddings = false;
   std::optional<int64_t> pad_token_id;
+  std::vector<int64_t> eos_token_ids;  ///< from `eos_token_id` (a number or a list)
   RopeParameters rope;
+  /// Keys a sliding layer attends to, itself included (Mistral; Qwen2 when use_sliding_window).
+  std::optional<int64_t> sliding_window;
+  /// One entry per layer: kFullAttention or kSlidingAttention.
+  std::vector<std::string> layer_types;
+
+  /// Longest sequence the positions support: max_position_embeddings, times `factor` for the linear
+  /// and dynamic RoPE scalings (which stretch a model past its trained length).
+  int64_t max_positions() const;
 };
 
 /// A model's configuration: its `model_type`, the typed fields the built-in modules use, and the raw

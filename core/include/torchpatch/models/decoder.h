@@ -68,8 +68,11 @@ class TORCHPATCH_API DecoderForCausalLM : public PretrainedModel {
   std::shared_ptr<LmHead> lm_head;
 };
 
-/// Checks input_ids / attention_mask / position_ids against each other and the vocabulary;
-/// throws InputError naming the tensor and the fault.
-TORCHPATCH_API void validate_decoder_inputs(const ModelInputs& inputs, int64_t vocab_size);
+/// Checks input_ids / attention_mask / position_ids against each other and the vocabulary, with
+/// `past_len` tokens already cached; throws InputError naming the tensor and the fault.
+TORCHPATCH_API void validate_decoder_inputs(const ModelInputs& inputs, int64_t vocab_size, int64_t past_len = 0);
+
+/// Throws InputError when a position is past what the model supports (DecoderConfig::max_positions).
+TORCHPATCH_API void check_positions(const at::Tensor& position_ids, const DecoderConfig& config);
 
 }  // namespace torchpatch

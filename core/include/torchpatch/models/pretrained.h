@@ -17,13 +17,20 @@
 
 namespace torchpatch {
 
+class DynamicCache;
+
 /// What a forward pass takes. Only input_ids is required.
 struct TORCHPATCH_API ModelInputs {
   at::Tensor input_ids;       ///< [B, T] int64
-  at::Tensor attention_mask;  ///< [B, T], 1 = real token; undefined = all real
-  at::Tensor position_ids;    ///< [B, T] int64; undefined = 0..T-1
+  at::Tensor attention_mask;  ///< [B, P+T] (P cached tokens), 1 = real token; undefined = all real
+  at::Tensor position_ids;    ///< [B, T] int64; undefined = P..P+T-1
   at::Tensor token_type_ids;  ///< [B, T] (encoder families)
   bool output_hidden_states = false;
+  /// Keys/values of earlier tokens; the forward appends this call's. Undefined with use_cache: a new one.
+  std::shared_ptr<DynamicCache> past_key_values;
+  bool use_cache = false;
+  /// Logits for the last N positions only (0 = all); generation needs just the last one.
+  int64_t logits_to_keep = 0;
 };
 
 /// What a forward pass returns; tensors a model does not produce stay undefined.
@@ -31,6 +38,7 @@ struct TORCHPATCH_API ModelOutput {
   at::Tensor logits;                      ///< [B, T, V] for language-model heads
   at::Tensor last_hidden_state;           ///< [B, T, H]
   std::vector<at::Tensor> hidden_states;  ///< L+1 entries when asked (Hugging Face convention)
+  std::shared_ptr<DynamicCache> past_key_values;  ///< the cache, when one was given or use_cache was set
 };
 
 /// One patch point of a built model.

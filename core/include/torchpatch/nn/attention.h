@@ -22,14 +22,15 @@ struct TORCHPATCH_API GqaShape {
   double scaling;  ///< head_dim ** -0.5
 };
 
-/// Everything after the projections: q [B, Q, nH*hd], k/v [B, Q, nKV*hd] -> RoPE, eager attention
-/// -> [B, Q, nH*hd] (before the output projection). Shared by every decoder attention class.
+/// Everything after the projections: q [B, Q, nH*hd], k/v [B, Q, nKV*hd] -> RoPE, the cache (when
+/// `inputs.cache` is set), eager attention -> [B, Q, nH*hd] (before the output projection). Shared by
+/// every decoder attention class, so a replacement that calls it gets caching and masks for free.
 TORCHPATCH_API at::Tensor grouped_query_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                   const AttentionInputs& inputs, const GqaShape& shape);
 
 /// Self-attention with separate q/k/v/o projections and grouped key/value heads.
 /// State dict: q_proj [nH*hd, H], k_proj [nKV*hd, H], v_proj [nKV*hd, H], o_proj [H, nH*hd]
-/// (+ biases when config.attention_bias).
+/// (+ q/k/v biases when config.qkv_bias, an o_proj bias when config.o_bias).
 class TORCHPATCH_API GqaAttention : public roles::Attention {
  public:
   explicit GqaAttention(const BuildContext& ctx);

@@ -5,14 +5,32 @@
 #include "torchpatch/export.h"
 
 #include <cstdint>
+#include <optional>
 
 #include <ATen/core/Tensor.h>
 
+#include "torchpatch/generation/cache.h"
+
 namespace torchpatch::nn {
+
+/// Where the queries and keys of one attention call sit, in absolute positions.
+struct TORCHPATCH_API MaskLayout {
+  int64_t batch;
+  int64_t q_len;     ///< queries at past_len .. past_len+q_len-1
+  int64_t past_len;  ///< tokens before the queries
+  MaskSizes kv;      ///< keys at kv.offset .. kv.offset+kv.length-1
+  std::optional<int64_t> sliding_window;  ///< a query at i sees keys j with i-window < j <= i
+};
+
+/// The mask of one attention call: causal, optionally sliding, AND `padding_mask` [B, past+Q]
+/// (1 = real token) when defined. Undefined when it would mask nothing (one query, no padding, all
+/// keys inside the window), so decoding skips the addition.
+TORCHPATCH_API at::Tensor attention_mask(const at::Tensor& padding_mask, const MaskLayout& layout,
+                                         c10::ScalarType dtype);
 
 /// Causal mask for `q_len` queries at absolute positions past_len .. past_len+q_len-1 over
 /// past_len+q_len keys, combined with `padding_mask` [B, KV] (1 = real token) when defined.
 TORCHPATCH_API at::Tensor causal_mask(const at::Tensor& padding_mask, int64_t batch, int64_t q_len, int64_t past_len,
-                       c10::ScalarType dtype);
+                                      c10::ScalarType dtype);
 
 }  // namespace torchpatch::nn

@@ -17,24 +17,33 @@ struct TORCHPATCH_API RopeFrequencies {
   double attention_scaling = 1.0;
 };
 
-/// Hugging Face's ROPE_INIT_FUNCTIONS for the "default" and "llama3" variants.
+/// Hugging Face's ROPE_INIT_FUNCTIONS: "default", "linear", "dynamic" (NTK), "llama3" and "yarn",
+/// with `partial_rotary_factor`. `seq_len` matters only to "dynamic": the longest sequence seen.
 /// Throws ConfigError for a variant it does not know.
-TORCHPATCH_API RopeFrequencies rope_frequencies(const DecoderConfig& config);
+TORCHPATCH_API RopeFrequencies rope_frequencies(const DecoderConfig& config, int64_t seq_len = 0);
 
 /// Holds inv_freq (not part of the state dict, as in Hugging Face) and computes cos/sin tables.
+/// The "dynamic" variant recomputes inv_freq when positions pass the longest length seen so far and
+/// returns to the original frequencies when sequences are short again (Hugging Face's
+/// `dynamic_rope_update`); that makes forward stateful, so one embedding serves one thread at a time.
 class TORCHPATCH_API RotaryEmbedding {
  public:
   RotaryEmbedding() = default;
   explicit RotaryEmbedding(const DecoderConfig& config);
 
   /// position_ids [B, Q] -> (cos, sin), each [B, Q, rot_dim], computed in float32, cast to `dtype`.
-  std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& position_ids, c10::ScalarType dtype) const;
+  std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& position_ids, c10::ScalarType dtype);
 
   const at::Tensor& inv_freq() const { return freq_.inv_freq; }
   double attention_scaling() const { return freq_.attention_scaling; }
 
  private:
+  void dynamic_update(int64_t seq_len);
+
+  DecoderConfig config_;
   RopeFrequencies freq_;
+  RopeFrequencies original_;
+  int64_t max_seq_len_cached_ = 0;
 };
 
 /// x [B, heads, Q, hd] rotated by cos/sin [B, Q, rot_dim] (half-split rotate_half); dimensions past

@@ -10,12 +10,17 @@
 
 namespace torchpatch {
 
-/// What a decoder layer hands its attention: rotary tables and the mask, computed once per forward.
+class DynamicCache;
+
+/// What a decoder layer hands its attention: rotary tables, the mask of its kind of layer (full or
+/// sliding), and the key/value cache, computed once per forward.
 struct TORCHPATCH_API AttentionInputs {
   at::Tensor cos;           ///< [B, Q, rot_dim] rotary cosines (attention scaling applied)
   at::Tensor sin;           ///< [B, Q, rot_dim] rotary sines
   at::Tensor mask;          ///< [B, 1, Q, KV] additive float mask (0 or dtype min); undefined = none
   at::Tensor position_ids;  ///< [B, Q] int64
+  DynamicCache* cache = nullptr;  ///< append this layer's keys/values and attend over all; null = no cache
+  int64_t layer_idx = -1;         ///< the layer being run (its slot in the cache)
 };
 
 namespace roles {

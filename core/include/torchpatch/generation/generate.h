@@ -1,0 +1,63 @@
+// Autoregressive generation with a key/value cache: greedy or sampled, batched with left padding.
+#pragma once
+
+#include "torchpatch/export.h"
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "torchpatch/models/pretrained.h"
+
+namespace torchpatch {
+
+/// Where a generation run is; handed to GenerationConfig::on_step after every token.
+struct TORCHPATCH_API GenerationProgress {
+  int64_t step;            ///< tokens generated so far per row
+  int64_t max_new_tokens;
+  double elapsed_seconds;  ///< since the run started
+};
+
+/// How to pick tokens, as Hugging Face's GenerationConfig (same defaults where it has them).
+struct TORCHPATCH_API GenerationConfig {
+  int64_t max_new_tokens = 20;
+  bool do_sample = false;    ///< false: greedy (argmax); true: sample from the processed distribution
+  double temperature = 1.0;  ///< sampling: logits are divided by it (> 0)
+  int64_t top_k = 50;        ///< sampling: keep the k most likely tokens (0 = all)
+  double top_p = 1.0;        ///< sampling: keep the smallest set whose probability reaches top_p (1 = all)
+  std::optional<uint64_t> seed;  ///< sampling: a fixed seed makes runs reproducible
+  std::vector<int64_t> eos_token_ids;  ///< a row stops after producing one of these (empty = never)
+  int64_t pad_token_id = 0;  ///< what a stopped row gets while others go on
+  bool output_logits = false;  ///< keep each step's raw next-token logits
+  std::function<void(const GenerationProgress&)> on_step;  ///< called after each generated token
+};
+
+struct TORCHPATCH_API GenerationOutput {
+  at::Tensor sequences;            ///< [B, prompt + new] int64: the prompt (as given, padding included), then new tokens
+  std::vector<at::Tensor> logits;  ///< per step, [B, V] float (with output_logits)
+  int64_t prompt_tokens = 0;       ///< B * prompt length
+  int64_t new_tokens = 0;          ///< tokens generated per row
+  double prefill_seconds = 0;      ///< first forward over the prompts, and the first token
+  double decode_seconds = 0;       ///< every later token
+  double prefill_tokens_per_second() const;
+  double decode_tokens_per_second() const;  ///< B * (new_tokens - 1) / decode_seconds
+};
+
+/// Generates up to `config.max_new_tokens` tokens after `input_ids` [B, P] (int64). `attention_mask`
+/// [B, P] marks real tokens (1) and left padding (0); undefined = no padding. The model must have a
+/// language-model head. Throws InputError for an empty prompt, a bad token id, a sequence longer than
+/// the model's positions, or bad sampling settings.
+TORCHPATCH_API GenerationOutput generate(PretrainedModel& model, const at::Tensor& input_ids,
+                                         const at::Tensor& attention_mask, const GenerationConfig& config = {});
+
+/// The positions of a left-padded batch: cumsum(mask) - 1, with padding at 1 (what Hugging Face passes).
+TORCHPATCH_API at::Tensor positions_from_mask(const at::Tensor& attention_mask);
+
+/// Applies temperature, top-k and top-p to next-token logits [B, V] (float), in Hugging Face's order;
+/// removed tokens get -inf.
+TORCHPATCH_API at::Tensor process_logits(const at::Tensor& logits, const GenerationConfig& config);
+
+}  // namespace torchpatch

@@ -1,0 +1,155 @@
+#include "torchpatch/generation/generate.h"
+
+#include <chrono>
+#include <limits>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+
+#include "torchpatch/error.h"
+#include "torchpatch/generation/cache.h"
+
+namespace torchpatch {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+void check_config(const GenerationConfig& c) {
+  if (c.max_new_tokens < 0) throw InputError(fmt::format("max_new_tokens: must be >= 0, got {}", c.max_new_tokens));
+  if (!c.do_sample) return;
+  if (!(c.temperature > 0)) throw InputError(fmt::format("temperature: must be > 0, got {}", c.temperature));
+  if (c.top_k < 0) throw InputError(fmt::format("top_k: must be >= 0, got {}", c.top_k));
+  if (!(c.top_p > 0 && c.top_p <= 1)) throw InputError(fmt::format("top_p: must be in (0, 1], got {}", c.top_p));
+}
+
+}  // namespace
+
+double GenerationOutput::prefill_tokens_per_second() const {
+  return prefill_seconds > 0 ? static_cast<double>(prompt_tokens) / prefill_seconds : 0;
+}
+
+double GenerationOutput::decode_tokens_per_second() const {
+  const auto batch = sequences.defined() ? sequences.size(0) : 0;
+  const auto tokens = batch * std::max<int64_t>(new_tokens - 1, 0);
+  return decode_seconds > 0 ? static_cast<double>(tokens) / decode_seconds : 0;
+}
+
+at::Tensor positions_from_mask(const at::Tensor& attention_mask) {
+  auto mask = attention_mask.to(at::kLong);
+  return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1);
+}
+
+at::Tensor process_logits(const at::Tensor& logits, const GenerationConfig& c) {
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  auto scores = logits.to(at::kFloat);
+  if (c.temperature != 1.0) scores = scores / c.temperature;
+  const int64_t vocab = scores.size(-1);
+  if (c.top_k > 0 && c.top_k < vocab) {
+    // Below the k-th largest score (ties with it are kept, as in Hugging Face).
+    const auto kth = std::get<0>(scores.topk(c.top_k, -1)).narrow(-1, c.top_k - 1, 1);
+    scores = scores.masked_fill(scores < kth, neg_inf);
+  }
+  if (c.top_p < 1.0) {
+    // Ascending order: drop the low tail whose total probability is at most 1 - top_p; keep the best token.
+    auto [sorted, order] = scores.sort(-1, /*descending=*/false);
+    auto cumulative = sorted.softmax(-1).cumsum(-1);
+    auto drop_sorted = cumulative <= (1 - c.top_p);
+    drop_sorted.narrow(-1, vocab - 1, 1).fill_(false);
+    auto drop = at::zeros_like(drop_sorted).scatter(-1, order, drop_sorted);
+    scores = scores.masked_fill(drop, neg_inf);
+  }
+  return scores;
+}
+
+GenerationOutput generate(PretrainedModel& model, const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                          const GenerationConfig& config) {
+  check_config(config);
+  if (!input_ids.defined() || input_ids.dim() != 2) {
+    throw InputError("input_ids: expected a [batch, prompt] tensor of token ids");
+  }
+  if (input_ids.size(0) == 0 || input_ids.size(1) == 0) throw InputError("input_ids: empty prompt");
+  const int64_t batch = input_ids.size(0), prompt = input_ids.size(1);
+  const auto& d = model.config().decoder;
+  if (prompt + config.max_new_tokens > d.max_positions()) {
+    throw InputError(fmt::format("prompt of {} tokens + max_new_tokens {} = {} positions, more than the model supports "
+                                 "({}; max_position_embeddings {}, rope_type '{}')",
+                                 prompt, config.max_new_tokens, prompt + config.max_new_tokens, d.max_positions(),
+                                 d.max_position_embeddings, d.rope.rope_type));
+  }
+  at::Tensor mask = attention_mask;
+  if (mask.defined()) {
+    if (mask.sizes() != input_ids.sizes()) {
+      throw InputError(fmt::format("attention_mask: shape {} does not match input_ids {}", fmt::join(mask.sizes(), "x"),
+                                   fmt::join(input_ids.sizes(), "x")));
+    }
+    if ((mask.sum(-1) == 0).any().item<bool>()) throw InputError("attention_mask: a row has no real tokens");
+    if (mask.all().item<bool>()) mask = at::Tensor();  // no padding: the model can skip the mask
+  }
+  c10::optional<at::Generator> generator;
+  if (config.do_sample) {
+    generator = config.seed ? at::make_generator<at::CPUGeneratorImpl>(*config.seed) : at::detail::getDefaultCPUGenerator();
+  }
+
+  at::NoGradGuard no_grad;
+  GenerationOutput out;
+  out.prompt_tokens = batch * prompt;
+  auto sequences = at::empty({batch, prompt + config.max_new_tokens}, at::kLong);
+  sequences.narrow(1, 0, prompt).copy_(input_ids);
+  auto unfinished = at::ones({batch}, at::kBool);
+  const auto eos = at::tensor(config.eos_token_ids, at::kLong);
+
+  ModelInputs in;
+  in.input_ids = input_ids.to(at::kLong);
+  in.past_key_values = std::make_shared<DynamicCache>(d);
+  in.past_key_values->reserve(prompt + config.max_new_tokens);
+  in.logits_to_keep = 1;
+  if (mask.defined()) {
+    in.attention_mask = mask.to(at::kLong);
+    in.position_ids = positions_from_mask(in.attention_mask);
+  }
+
+  const auto start = Clock::now();
+  int64_t step = 0;
+  while (step < config.max_new_tokens) {
+    const auto result = model.forward(in);
+    if (!result.logits.defined()) {
+      throw InputError(fmt::format("{} has no language-model head: generate needs a *ForCausalLM model",
+                                   model.class_name()));
+    }
+    auto logits = result.logits.select(1, result.logits.size(1) - 1);  // [B, V]
+    if (config.output_logits) out.logits.push_back(logits.to(at::kFloat).clone());
+    at::Tensor next;
+    if (config.do_sample) {
+      next = at::multinomial(process_logits(logits, config).softmax(-1), 1, false, generator).squeeze(1);
+    } else {
+      next = logits.argmax(-1);
+    }
+    if (eos.numel() > 0) {
+      next = at::where(unfinished, next, at::full_like(next, config.pad_token_id));
+      unfinished = unfinished.logical_and(at::isin(next, eos).logical_not());
+    }
+    sequences.select(1, prompt + step).copy_(next);
+    ++step;
+    if (step == 1) out.prefill_seconds = seconds_since(start);
+    if (config.on_step) config.on_step({step, config.max_new_tokens, seconds_since(start)});
+    if (step == config.max_new_tokens || !unfinished.any().item<bool>()) break;
+
+    in.input_ids = next.unsqueeze(1);
+    if (in.attention_mask.defined()) {
+      in.attention_mask = at::cat({in.attention_mask, at::ones({batch, 1}, at::kLong)}, 1);
+      in.position_ids = in.position_ids.narrow(1, in.position_ids.size(1) - 1, 1) + 1;
+    }
+  }
+  out.new_tokens = step;
+  out.decode_seconds = step > 1 ? seconds_since(start) - out.prefill_seconds : 0;
+  out.sequences = sequences.narrow(1, 0, prompt + step).contiguous();
+  return out;
+}
+
+}  // namespace torchpatch
