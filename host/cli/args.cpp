@@ -73,4 +73,27 @@ std::vector<int64_t> parse_int_list(const std::string& text, const std::string& 
   return out;
 }
 
+int64_t int_option(const Args& args, const std::string& name, int64_t fallback, int64_t min) {
+  if (!args.has(name)) return fallback;
+  const auto values = parse_int_list(args.value(name), "--" + name);
+  if (values.size() != 1 || values[0] < min) {
+    throw UsageError(fmt::format("--{}: expected one integer >= {}, got '{}'", name, min, args.value(name)));
+  }
+  return values[0];
+}
+
+double number_option(const Args& args, const std::string& name, double fallback) {
+  if (!args.has(name)) return fallback;
+  const auto text = args.value(name);
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (text.empty() || used != text.size()) throw UsageError(fmt::format("--{}: '{}' is not a number", name, text));
+  return v;
+}
+
 }  // namespace torchpatch::cli

@@ -43,4 +43,9 @@ std::string usage(const std::string& command, const std::string& summary, const 
 /// Parses "1,2,3" into integers (UsageError naming `what` on a malformed list).
 std::vector<int64_t> parse_int_list(const std::string& text, const std::string& what);
 
+/// Option `name` as one integer at least `min` (`fallback` when absent); UsageError otherwise.
+int64_t int_option(const Args& args, const std::string& name, int64_t fallback, int64_t min);
+/// Option `name` as a number (`fallback` when absent); UsageError when it is not one.
+double number_option(const Args& args, const std::string& name, double fallback);
+
 }  // namespace torchpatch::cli

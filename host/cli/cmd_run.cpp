@@ -12,33 +12,6 @@
 
 namespace torchpatch::cli {
 
-namespace {
-
-ModelInputs read_inputs(const Args& args) {
-  if (args.has("prompt-ids") == args.has("inputs")) throw UsageError("give exactly one of --prompt-ids and --inputs");
-  ModelInputs in;
-  if (args.has("prompt-ids")) {
-    const auto ids = parse_int_list(args.value("prompt-ids"), "--prompt-ids");
-    in.input_ids = at::tensor(ids, at::kLong).unsqueeze(0);
-    return in;
-  }
-  const auto file = checkpoint::SafetensorsFile::open(args.value("inputs"));
-  if (!file->find("input_ids")) {
-    throw InputError(fmt::format("{}: no tensor named 'input_ids' (an inputs file holds input_ids and optionally "
-                                 "attention_mask, position_ids, token_type_ids)",
-                                 file->path().string()));
-  }
-  // As stored: the model checks the dtypes (float token ids are an error, not silently truncated).
-  auto read = [&](const char* name) { return file->find(name) ? file->tensor(name) : at::Tensor(); };
-  in.input_ids = read("input_ids");
-  in.attention_mask = read("attention_mask");
-  in.position_ids = read("position_ids");
-  in.token_type_ids = read("token_type_ids");
-  return in;
-}
-
-}  // namespace
-
 int cmd_run(const std::vector<std::string>& argv) {
   auto specs = model_options();
   specs.insert(specs.begin() + 3,
@@ -60,7 +33,7 @@ int cmd_run(const std::vector<std::string>& argv) {
     if (k.size() != 1 || k[0] < 1) throw UsageError("--top: expected one positive integer");
     top = k[0];
   }
-  ModelInputs inputs = read_inputs(args);
+  ModelInputs inputs = read_model_inputs(args);
   inputs.output_hidden_states = args.flag("hidden-states");
 
   PluginHost host(PluginHostOptions{args.flag("strict"), args.flag("allow-world-writable")});

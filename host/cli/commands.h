@@ -10,5 +10,7 @@ int cmd_plugins(const std::vector<std::string>& argv);
 int cmd_plan(const std::vector<std::string>& argv);
 int cmd_run(const std::vector<std::string>& argv);
 int cmd_save(const std::vector<std::string>& argv);
+int cmd_generate(const std::vector<std::string>& argv);
+int cmd_bench(const std::vector<std::string>& argv);
 
 }  // namespace torchpatch::cli

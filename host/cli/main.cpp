@@ -18,6 +18,8 @@ commands:
   plan      show the module tree and what each patch point becomes
   run       run a forward pass and print the most likely next tokens
   save      load a model (patched or not) and save it in the hub layout
+  generate  generate tokens with a key/value cache (greedy or sampled)
+  bench     measure decode and prefill speed against this machine's limits
 
 Run 'torchpatch <command> --help' for a command's options.
 )";
@@ -38,6 +40,8 @@ int main(int argc, char** argv) {
     if (command == "plan") return cmd_plan(rest);
     if (command == "run") return cmd_run(rest);
     if (command == "save") return cmd_save(rest);
+    if (command == "generate") return cmd_generate(rest);
+    if (command == "bench") return cmd_bench(rest);
     std::cerr << "torchpatch: unknown command '" << command << "'\n\n" << kUsage;
     return 2;
   } catch (const UsageError& e) {

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "torchpatch/checkpoint/load.h"
+#include "torchpatch/checkpoint/safetensors.h"
 #include "torchpatch/error.h"
 #include "torchpatch/models/auto.h"
 #include "torchpatch/patching/build.h"
@@ -28,7 +29,7 @@ std::vector<OptionSpec> model_options() {
   auto specs = plugin_options();
   specs.insert(specs.begin(),
                {{"model", "DIR", "Hugging Face checkpoint directory (config.json + model.safetensors)"},
-                {"preset", "NAME", "built-in tiny model with fixed random weights (tiny-llama)"},
+                {"preset", "NAME", fmt::format("built-in model with fixed random weights ({})", fmt::join(preset_names(), ", "))},
                 {"patch", "KEY=CLASS", "replace patch point KEY (class name or regex) with CLASS", true},
                 {"dtype", "TYPE", "parameter dtype: float32 (default), bfloat16 or float16"},
                 {"allow-incomplete", "", "load a checkpoint with missing, unexpected or mismatched tensors and report them"}});
@@ -91,6 +92,29 @@ BuiltModel build_model(PluginHost& host, const Args& args) {
                                  built.model->class_name(), hint.empty() ? "" : "; " + hint));
   }
   return built;
+}
+
+ModelInputs read_model_inputs(const Args& args) {
+  if (args.has("prompt-ids") == args.has("inputs")) throw UsageError("give exactly one of --prompt-ids and --inputs");
+  ModelInputs in;
+  if (args.has("prompt-ids")) {
+    const auto ids = parse_int_list(args.value("prompt-ids"), "--prompt-ids");
+    in.input_ids = at::tensor(ids, at::kLong).unsqueeze(0);
+    return in;
+  }
+  const auto file = checkpoint::SafetensorsFile::open(args.value("inputs"));
+  if (!file->find("input_ids")) {
+    throw InputError(fmt::format("{}: no tensor named 'input_ids' (an inputs file holds input_ids and optionally "
+                                 "attention_mask, position_ids, token_type_ids)",
+                                 file->path().string()));
+  }
+  // As stored: the model checks the dtypes (float token ids are an error, not silently truncated).
+  auto read = [&](const char* name) { return file->find(name) ? file->tensor(name) : at::Tensor(); };
+  in.input_ids = read("input_ids");
+  in.attention_mask = read("attention_mask");
+  in.position_ids = read("position_ids");
+  in.token_type_ids = read("token_type_ids");
+  return in;
 }
 
 void print_load_report(const BuiltModel& built) {

@@ -36,6 +36,10 @@ struct BuiltModel {
 /// In --strict mode a registered key that matched nothing is an error.
 BuiltModel build_model(PluginHost& host, const Args& args);
 
+/// --prompt-ids 1,2,3 (a batch of one) or --inputs FILE.safetensors (input_ids and optionally
+/// attention_mask, position_ids, token_type_ids); exactly one of them.
+ModelInputs read_model_inputs(const Args& args);
+
 /// Prints a loading report that is not clean (to stderr), one line per key.
 void print_load_report(const BuiltModel& built);
 

@@ -70,15 +70,43 @@ std::shared_ptr<PretrainedModel> from_pretrained(const std::filesystem::path& di
   return model;
 }
 
-std::vector<std::string> preset_names() { return {"tiny-llama"}; }
+namespace {
+// Built-in models with fixed shapes: tiny ones for demos and tests, a 125M Llama for benchmarks.
+const std::vector<std::pair<std::string, nlohmann::json>>& presets() {
+  static const std::vector<std::pair<std::string, nlohmann::json>> all = [] {
+    const nlohmann::json tiny{{"vocab_size", 256}, {"hidden_size", 64}, {"intermediate_size", 128},
+                              {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                              {"max_position_embeddings", 256}, {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0}};
+    auto with = [&](nlohmann::json base, const nlohmann::json& extra) {
+      base.update(extra);
+      return base;
+    };
+    return std::vector<std::pair<std::string, nlohmann::json>>{
+        {"tiny-llama", with(tiny, {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}})},
+        {"tiny-mistral",
+         with(tiny, {{"architectures", {"MistralForCausalLM"}}, {"model_type", "mistral"}, {"sliding_window", 8}})},
+        {"tiny-qwen2", with(tiny, {{"architectures", {"Qwen2ForCausalLM"}}, {"model_type", "qwen2"},
+                                   {"use_sliding_window", true}, {"sliding_window", 8}, {"max_window_layers", 1}})},
+        {"llama-125m",
+         {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", 32000}, {"hidden_size", 768},
+          {"intermediate_size", 2048}, {"num_hidden_layers", 12}, {"num_attention_heads", 12},
+          {"num_key_value_heads", 4}, {"max_position_embeddings", 2048}, {"rms_norm_eps", 1e-5},
+          {"rope_theta", 10000.0}}},
+    };
+  }();
+  return all;
+}
+}  // namespace
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, json] : presets()) names.push_back(name);
+  return names;
+}
 
 ModelConfig preset_config(const std::string& name) {
-  if (name == "tiny-llama") {
-    return ModelConfig::from_json(
-        {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", 256}, {"hidden_size", 64},
-         {"intermediate_size", 128}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
-         {"num_key_value_heads", 2}, {"max_position_embeddings", 256}, {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0}},
-        "preset tiny-llama");
+  for (const auto& [preset, json] : presets()) {
+    if (preset == name) return ModelConfig::from_json(json, "preset " + name);
   }
   throw ConfigError(fmt::format("unknown preset '{}' (presets: {})", name, fmt::join(preset_names(), ", ")));
 }

@@ -128,7 +128,7 @@ LmHead::LmHead(int64_t hidden_size, int64_t vocab_size) {
 
 LmHead::LmHead(const at::Tensor& tied_weight) { weight = register_parameter("weight", tied_weight); }
 
-at::Tensor LmHead::forward(const at::Tensor& hidden) const { return at::linear(hidden, weight); }
+at::Tensor LmHead::forward(const at::Tensor& hidden) const { return nn::linear(hidden, weight); }
 
 DecoderForCausalLM::DecoderForCausalLM(const ModelConfig& config, const DecoderFamily& family)
     : PretrainedModel(config, family.causal_lm) {

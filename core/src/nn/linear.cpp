@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include "nn/gemv.h"
+
 namespace torchpatch::nn {
 
 namespace {
@@ -34,7 +36,28 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias) {
   if (with_bias) bias = register_parameter("bias", new_parameter({out_features}, true));
 }
 
-at::Tensor Linear::forward(const at::Tensor& x) const { return at::linear(x, weight, bias); }
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  const bool one_row = x.numel() == weight.size(1) && x.numel() > 0;
+  const bool blas_type = x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble;
+  if (!one_row || !blas_type || x.scalar_type() != weight.scalar_type()) return at::linear(x, weight, bias);
+  // A single token (decoding at batch 1): a matrix-vector product streams the weight once, where
+  // BLAS's matrix-matrix path with one row packs (reads and writes) the whole weight first.
+  auto out_shape = x.sizes().vec();
+  out_shape.back() = weight.size(0);
+  at::Tensor y;
+  const bool needs_grad = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
+  if (!needs_grad && x.scalar_type() == at::kFloat && weight.is_contiguous() && fast_gemv_supported()) {
+    const auto vec = x.reshape({-1}).contiguous();
+    y = at::empty({weight.size(0)}, x.options());
+    fast_gemv(weight.data_ptr<float>(), vec.data_ptr<float>(), y.data_ptr<float>(), weight.size(0), weight.size(1));
+  } else {
+    y = at::mv(weight, x.reshape({-1}));
+  }
+  if (bias.defined()) y = y + bias;
+  return y.view(out_shape);
+}
+
+at::Tensor Linear::forward(const at::Tensor& x) const { return linear(x, weight, bias); }
 
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim) {
   weight = register_parameter("weight", new_parameter({num_embeddings, embedding_dim}, false));

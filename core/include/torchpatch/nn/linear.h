@@ -28,6 +28,10 @@ class TORCHPATCH_API SkipInit {
 TORCHPATCH_API void init_parameter(at::Tensor& param, bool is_bias, bool is_norm, double std = 0.02);
 
 /// y = x W^T + b. weight [out, in], bias [out] when `bias`.
+/// y = x @ weight^T + bias, like at::linear; a single row takes BLAS's matrix-vector path, which
+/// reads the weight once (decoding is bound by reading the weights).
+TORCHPATCH_API at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
+
 class TORCHPATCH_API Linear : public torch::nn::Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias);

@@ -1,0 +1,211 @@
+// torchpatch bench: decode and prefill speed of a model against this machine's own limits, measured
+// in the same run: decode tokens/s as a fraction of what memory bandwidth allows (every weight read
+// once per token), prefill as a fraction of the float32 matmul rate. With and without
+// FusedQKVAttention when the plugin is there.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <set>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "session.h"
+#include "torchpatch/generation/generate.h"
+#include "torchpatch/models/auto.h"
+#include "torchpatch/patching/registry.h"
+#include "torchpatch/patching/scope.h"
+
+namespace torchpatch::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+template <class F>
+double best_seconds(int repeats, F&& run) {
+  double best = 1e30;
+  for (int i = 0; i < repeats; ++i) {
+    const auto start = Clock::now();
+    run();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  return best;
+}
+
+// STREAM's "copy": bytes read plus bytes written per second, one thread, buffers far larger than cache.
+double copy_bandwidth(int repeats) {
+  const int64_t bytes = int64_t{256} << 20;
+  auto src = at::ones({bytes / 4}, at::kFloat);  // written once, so every page is really there
+  auto dst = at::zeros({bytes / 4}, at::kFloat);
+  const double seconds = best_seconds(repeats + 2, [&] { std::memcpy(dst.data_ptr(), src.data_ptr(), bytes); });
+  return 2.0 * static_cast<double>(bytes) / seconds;
+}
+
+// Square float32 matmul, big enough to run at the BLAS's peak.
+double matmul_rate(int repeats) {
+  const int64_t n = 1024;
+  auto a = at::randn({n, n}), b = at::randn({n, n}), c = at::empty({n, n});
+  at::mm_out(c, a, b);  // warm up
+  const double seconds = best_seconds(repeats + 2, [&] { at::mm_out(c, a, b); });
+  return 2.0 * static_cast<double>(n * n * n) / seconds;
+}
+
+// Bytes a decode step reads: every parameter except the embedding table (one row per token), which
+// still counts when the language-model head shares it.
+double weight_bytes_per_token(const PretrainedModel& model) {
+  std::set<const void*> seen;
+  double bytes = 0;
+  for (const auto& p : model.named_parameters()) {
+    if (p.key().find("embed_tokens") != std::string::npos) continue;
+    if (!seen.insert(p.value().data_ptr()).second) continue;
+    bytes += static_cast<double>(p.value().numel() * p.value().element_size());
+  }
+  return bytes;
+}
+
+// Floating-point work of a prefill of `tokens`: every layer matmul, eager attention's two [T, T]
+// products per head, and the head for the last position.
+double prefill_flops(const PretrainedModel& model, int64_t tokens) {
+  const auto& d = model.config().decoder;
+  double flops = 0;
+  for (const auto& p : model.named_parameters()) {
+    if (p.value().dim() == 2 && p.key().find(".layers.") != std::string::npos) {
+      flops += 2.0 * static_cast<double>(tokens * p.value().numel());
+    }
+  }
+  const double t = static_cast<double>(tokens);
+  flops += 4.0 * t * t * static_cast<double>(d.num_attention_heads * d.head_dim * d.num_hidden_layers);
+  flops += 2.0 * static_cast<double>(d.vocab_size * d.hidden_size);
+  return flops;
+}
+
+struct Measurement {
+  std::string variant;
+  double decode_tokens_per_second;
+  double prefill_tokens_per_second;
+};
+
+Measurement measure(const std::string& variant, PretrainedModel& model, int64_t prompt_len, int64_t decode_tokens,
+                    int repeats) {
+  const auto ids = at::randint(3, model.config().decoder.vocab_size, {1, prompt_len}, at::kLong);
+  GenerationConfig config;
+  config.max_new_tokens = decode_tokens + 1;
+  generate(model, ids, {}, config);  // warm up
+  Measurement m{variant, 0, 0};
+  for (int i = 0; i < repeats; ++i) {
+    const auto out = generate(model, ids, {}, config);
+    m.decode_tokens_per_second = std::max(m.decode_tokens_per_second, out.decode_tokens_per_second());
+    m.prefill_tokens_per_second = std::max(m.prefill_tokens_per_second, out.prefill_tokens_per_second());
+  }
+  return m;
+}
+
+// The attention patch point of the model's layers, e.g. "LlamaAttention".
+std::string attention_key(const PretrainedModel& model) {
+  for (const auto& point : model.patch_points()) {
+    if (point.path.size() > 9 && point.path.compare(point.path.size() - 9, 9, "self_attn") == 0) {
+      return point.module->patch_record().key;
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+int cmd_bench(const std::vector<std::string>& argv) {
+  auto specs = model_options();
+  specs.insert(specs.begin() + 3,
+               {{"prompt-len", "N", "prefill length (default 128)"},
+                {"decode-tokens", "N", "decode steps timed per run (default 32)"},
+                {"threads", "N", "intra-op threads (default 1)"},
+                {"repeats", "N", "timed runs; the best is reported (default 3)"},
+                {"no-fused", "", "skip the FusedQKVAttention variant"}});
+  const Args args(specs, argv);
+  if (args.flag("help")) {
+    std::cout << usage("bench",
+                       "Measure decode and prefill speed against this machine's memory bandwidth and matmul rate "
+                       "(default: --preset llama-125m).",
+                       specs);
+    return 0;
+  }
+  const int64_t prompt_len = int_option(args, "prompt-len", 128, 1);
+  const int64_t decode_tokens = int_option(args, "decode-tokens", 32, 1);
+  const int repeats = static_cast<int>(int_option(args, "repeats", 3, 1));
+  at::set_num_threads(static_cast<int>(int_option(args, "threads", 1, 1)));
+  std::vector<std::string> forwarded = argv;
+  if (!args.has("model") && !args.has("preset")) forwarded.insert(forwarded.end(), {"--preset", "llama-125m"});
+  const Args model_args(specs, forwarded);
+
+  PluginHost host(PluginHostOptions{args.flag("strict"), args.flag("allow-world-writable")});
+  load_plugins(host, model_args);
+  const double bandwidth = copy_bandwidth(repeats);
+  const double matmul = matmul_rate(repeats);
+
+  BuiltModel built = build_model(host, model_args);
+  at::NoGradGuard no_grad;
+  const double bytes = weight_bytes_per_token(*built.model);
+  const double flops = prefill_flops(*built.model, prompt_len);
+  int64_t parameters = 0;
+  for (const auto& p : built.model->parameters()) parameters += p.numel();
+
+  std::vector<Measurement> results{measure(args.has("patch") ? "as patched" : "built-in", *built.model, prompt_len,
+                                           decode_tokens, repeats)};
+  const auto fused = host.find_class("FusedQKVAttention");
+  const auto key = attention_key(*built.model);
+  if (fused && !args.flag("no-fused") && !args.has("patch") && !key.empty()) {
+    built.model.reset();  // one model in memory at a time
+    ScopedPatchMapping patch({{key, *fused}});
+    BuiltModel patched = build_model(host, model_args);
+    results.push_back(measure("FusedQKVAttention", *patched.model, prompt_len, decode_tokens, repeats));
+  }
+
+  const double limit = bandwidth / bytes;  // tokens/s if decoding only streamed the weights
+  auto rows = nlohmann::json::array();
+  for (const auto& m : results) {
+    const double gflops = m.prefill_tokens_per_second * flops / static_cast<double>(prompt_len) / 1e9;
+    rows.push_back({{"variant", m.variant},
+                    {"decode_tokens_per_second", m.decode_tokens_per_second},
+                    {"decode_fraction_of_bandwidth_limit", m.decode_tokens_per_second / limit},
+                    {"prefill_tokens_per_second", m.prefill_tokens_per_second},
+                    {"prefill_gflops", gflops},
+                    {"prefill_fraction_of_matmul_rate", gflops * 1e9 / matmul}});
+  }
+  const nlohmann::json report{{"model", built.source},
+                              {"parameters", parameters},
+                              {"weight_bytes_per_token", bytes},
+                              {"threads", at::get_num_threads()},
+                              {"prompt_len", prompt_len},
+                              {"decode_tokens", decode_tokens},
+                              {"copy_bandwidth_bytes_per_second", bandwidth},
+                              {"matmul_flops_per_second", matmul},
+                              {"decode_limit_tokens_per_second", limit},
+                              {"results", rows}};
+  if (args.flag("json")) {
+    std::cout << report.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << fmt::format("machine: copy bandwidth {:.2f} GB/s (memcpy of 256 MiB, read + written), float32 matmul "
+                           "{:.1f} GFLOP/s (1024x1024x1024), {} thread(s)\n",
+                           bandwidth / 1e9, matmul / 1e9, at::get_num_threads());
+  std::cout << fmt::format("model: {} ({:.1f}M parameters), {:.1f} MB of weights read per decoded token, "
+                           "decode limit {:.1f} tokens/s; prefill of {} tokens = {:.2f} GFLOP\n",
+                           built.source, static_cast<double>(parameters) / 1e6, bytes / 1e6, limit, prompt_len,
+                           flops / 1e9);
+  std::cout << fmt::format("{:<20} {:>14} {:>12} {:>16} {:>10} {:>12}\n", "variant", "decode tok/s", "of limit",
+                           "prefill tok/s", "GFLOP/s", "of matmul");
+  for (const auto& r : rows) {
+    std::cout << fmt::format("{:<20} {:>14.1f} {:>12.2f} {:>16.1f} {:>10.1f} {:>12.2f}\n",
+                             r["variant"].get<std::string>(), r["decode_tokens_per_second"].get<double>(),
+                             r["decode_fraction_of_bandwidth_limit"].get<double>(),
+                             r["prefill_tokens_per_second"].get<double>(), r["prefill_gflops"].get<double>(),
+                             r["prefill_fraction_of_matmul_rate"].get<double>());
+  }
+  return 0;
+}
+
+}  // namespace torchpatch::cli

@@ -1,0 +1,135 @@
+// torchpatch generate: cached generation from a prompt or a padded batch; prints the new ids and the
+// prefill and decode speeds.
+#include <chrono>
+#include <iostream>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "session.h"
+#include "torchpatch/checkpoint/safetensors.h"
+#include "torchpatch/error.h"
+#include "torchpatch/generation/generate.h"
+
+namespace torchpatch::cli {
+
+namespace {
+
+GenerationConfig read_generation_config(const Args& args, const DecoderConfig& model) {
+  GenerationConfig config;
+  config.max_new_tokens = int_option(args, "max-new-tokens", 20, 0);
+  config.do_sample = args.flag("do-sample");
+  for (const char* name : {"temperature", "top-k", "top-p", "seed"}) {
+    if (args.has(name) && !config.do_sample) throw UsageError(fmt::format("--{} needs --do-sample", name));
+  }
+  config.temperature = number_option(args, "temperature", 1.0);
+  if (!(config.temperature > 0)) throw UsageError("--temperature: must be > 0");
+  config.top_k = int_option(args, "top-k", 50, 0);
+  config.top_p = number_option(args, "top-p", 1.0);
+  if (!(config.top_p > 0 && config.top_p <= 1)) throw UsageError("--top-p: must be in (0, 1]");
+  if (args.has("seed")) config.seed = static_cast<uint64_t>(int_option(args, "seed", 0, 0));
+  if (args.has("eos-ids") && args.flag("ignore-eos")) throw UsageError("give at most one of --eos-ids and --ignore-eos");
+  config.eos_token_ids = args.has("eos-ids") ? parse_int_list(args.value("eos-ids"), "--eos-ids")
+                         : args.flag("ignore-eos") ? std::vector<int64_t>{}
+                                                   : model.eos_token_ids;
+  config.pad_token_id = model.pad_token_id.value_or(0);
+  return config;
+}
+
+// A progress line on stderr for runs longer than a couple of seconds, updated about once a second.
+std::function<void(const GenerationProgress&)> progress_printer(bool* printed) {
+  auto last = std::make_shared<double>(0.0);
+  return [printed, last](const GenerationProgress& p) {
+    if (p.elapsed_seconds < 2.0 || p.elapsed_seconds - *last < 1.0) return;
+    *last = p.elapsed_seconds;
+    *printed = true;
+    std::cerr << fmt::format("\rgenerating: {}/{} tokens, {:.1f} s", p.step, p.max_new_tokens, p.elapsed_seconds)
+              << std::flush;
+  };
+}
+
+}  // namespace
+
+int cmd_generate(const std::vector<std::string>& argv) {
+  auto specs = model_options();
+  specs.insert(specs.begin() + 3,
+               {{"prompt-ids", "IDS", "prompt token ids, e.g. 1,2,3 (a batch of one)"},
+                {"inputs", "FILE", "safetensors file with input_ids [B,P] and attention_mask [B,P] (left padding)"},
+                {"max-new-tokens", "N", "tokens to generate per row (default 20)"},
+                {"do-sample", "", "sample instead of taking the most likely token"},
+                {"temperature", "T", "sampling temperature (default 1.0)"},
+                {"top-k", "K", "sample from the K most likely tokens (default 50, 0 = all)"},
+                {"top-p", "P", "sample from the smallest set with probability >= P (default 1.0)"},
+                {"seed", "N", "seed for reproducible sampling"},
+                {"eos-ids", "IDS", "stop a row at these ids (default: the config's eos_token_id)"},
+                {"ignore-eos", "", "never stop early"},
+                {"output", "FILE", "write generated_ids [B, prompt+new] to this safetensors file"}});
+  const Args args(specs, argv);
+  if (args.flag("help")) {
+    std::cout << usage("generate", "Generate tokens with a key/value cache (greedy unless --do-sample).", specs);
+    return 0;
+  }
+  const ModelInputs inputs = read_model_inputs(args);
+  if (inputs.position_ids.defined()) {
+    throw UsageError("--inputs: position_ids are derived from attention_mask during generation; remove them");
+  }
+
+  PluginHost host(PluginHostOptions{args.flag("strict"), args.flag("allow-world-writable")});
+  load_plugins(host, args);
+  const BuiltModel built = build_model(host, args);
+  if (!args.flag("json")) print_load_report(built);
+
+  auto config = read_generation_config(args, built.model->config().decoder);
+  bool progress_shown = false;
+  if (!args.flag("json")) config.on_step = progress_printer(&progress_shown);
+  if (inputs.input_ids.scalar_type() != at::kLong && inputs.input_ids.scalar_type() != at::kInt) {
+    throw InputError(fmt::format("input_ids: expected an integer tensor, got {}",
+                                 c10::toString(inputs.input_ids.scalar_type())));
+  }
+  const auto out = generate(*built.model, inputs.input_ids, inputs.attention_mask, config);
+  if (progress_shown) std::cerr << "\n";
+
+  if (args.has("output")) checkpoint::save_safetensors(args.value("output"), {{"generated_ids", out.sequences}});
+  const int64_t prompt = inputs.input_ids.size(1);
+  auto rows = nlohmann::json::array();
+  for (int64_t b = 0; b < out.sequences.size(0); ++b) {
+    const auto fresh = out.sequences[b].narrow(0, prompt, out.new_tokens).contiguous();
+    rows.push_back({{"row", b}, {"new_ids", std::vector<int64_t>(fresh.data_ptr<int64_t>(),
+                                                                 fresh.data_ptr<int64_t>() + fresh.numel())}});
+  }
+  const auto counters = counter_report(*built.model);
+  const auto batch = out.sequences.size(0);
+  if (args.flag("json")) {
+    std::cout << nlohmann::json{{"model", built.model->class_name()},
+                                {"source", built.source},
+                                {"rows", rows},
+                                {"new_tokens", out.new_tokens},
+                                {"prefill", {{"tokens", out.prompt_tokens}, {"seconds", out.prefill_seconds},
+                                             {"tokens_per_second", out.prefill_tokens_per_second()}}},
+                                {"decode", {{"tokens", batch * std::max<int64_t>(out.new_tokens - 1, 0)},
+                                            {"seconds", out.decode_seconds},
+                                            {"tokens_per_second", out.decode_tokens_per_second()}}},
+                                {"counters", counters},
+                                {"output", args.value("output")}}
+                     .dump(2)
+              << "\n";
+    return 0;
+  }
+  std::cout << fmt::format("{} ({})\n", built.model->class_name(), built.source);
+  for (const auto& row : rows) {
+    std::cout << fmt::format("row {}: {}\n", row["row"].get<int64_t>(),
+                             fmt::join(row["new_ids"].get<std::vector<int64_t>>(), " "));
+  }
+  std::cout << fmt::format("prefill: {} tokens in {:.4f} s = {:.1f} tokens/s\n", out.prompt_tokens,
+                           out.prefill_seconds, out.prefill_tokens_per_second());
+  std::cout << fmt::format("decode:  {} tokens in {:.4f} s = {:.1f} tokens/s\n",
+                           batch * std::max<int64_t>(out.new_tokens - 1, 0), out.decode_seconds,
+                           out.decode_tokens_per_second());
+  for (const auto& line : counters) std::cout << line << "\n";
+  if (args.has("output")) std::cout << "wrote " << args.value("output") << "\n";
+  return 0;
+}
+
+}  // namespace torchpatch::cli
