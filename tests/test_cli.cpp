@@ -1,53 +1,16 @@
 // The torchpatch CLI as a user runs it: outputs, reference parity, usage errors and exit codes.
 #include "test_prelude.h"
 #include "test_util.h"
-
-#include <sys/wait.h>
-
-#include <array>
-#include <cstdio>
+#include "cli_util.h"
 
 #include <nlohmann/json.hpp>
 
 #include "torchpatch/checkpoint/checkpoint.h"
 
 using Catch::Matchers::Contains;
+using namespace testutil;
 namespace fs = std::filesystem;
 
-namespace {
-
-struct Result {
-  int code = -1;
-  std::string out;  // stdout and stderr together
-};
-
-// Runs the CLI through the shell; `env` is an optional "NAME=value" prefix.
-Result torchpatch_cli(const std::string& arguments, const std::string& env = "") {
-  const std::string command = env + " " + std::string(TORCHPATCH_CLI) + " " + arguments + " 2>&1";
-  Result result;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::array<char, 4096> buffer{};
-  std::size_t n = 0;
-  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.out.append(buffer.data(), n);
-  const int status = ::pclose(pipe);
-  result.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
-
-std::string llama_dir() { return (testutil::data_dir() / "llama_basic").string(); }
-
-fs::path temp_file(const std::string& name) {
-  return fs::temp_directory_path() / ("torchpatch-cli-" + std::to_string(::getpid()) + "-" + name);
-}
-
-std::size_t count(const std::string& text, const std::string& what) {
-  std::size_t n = 0;
-  for (auto pos = text.find(what); pos != std::string::npos; pos = text.find(what, pos + 1)) ++n;
-  return n;
-}
-
-}  // namespace
 
 TEST_CASE("cli run on llama_basic writes the reference logits and hidden states", "[cli][reference]") {
   const auto out = temp_file("llama.safetensors");
@@ -166,7 +129,7 @@ TEST_CASE("cli runtime errors exit with 1 and name the cause", "[cli][errors]") 
       {"run --model /nonexistent/dir --prompt-ids 1", "/nonexistent/dir: no such file or directory"},
       {"run --preset tiny-llama --prompt-ids 1,999", "token id 999 at [0, 1] is out of range for vocab_size 256"},
       {"run --preset tiny-llama --prompt-ids 1 --patch LlamaAttention=Nope", "no class named 'Nope'"},
-      {"run --preset nope --prompt-ids 1", "unknown preset 'nope' (presets: tiny-llama)"},
+      {"run --preset nope --prompt-ids 1", "unknown preset 'nope' (presets: tiny-llama, tiny-mistral, tiny-qwen2, llama-125m)"},
       {"run --preset tiny-llama --prompt-ids 1 --patch LlamaMLP=CustomLlamaAttention",
        "has role Attention, but 'LlamaMLP' is a patch point of role Mlp"},
       {"run --preset tiny-llama --prompt-ids 1 --patch Llama=CustomLlamaAttention",
@@ -183,7 +146,8 @@ TEST_CASE("cli runtime errors exit with 1 and name the cause", "[cli][errors]") 
 }
 
 TEST_CASE("cli --help works for every command", "[cli]") {
-  for (const std::string command : {"--help", "plugins --help", "plan --help", "run --help"}) {
+  for (const std::string command :
+       {"--help", "plugins --help", "plan --help", "run --help", "save --help", "generate --help", "bench --help"}) {
     const auto r = torchpatch_cli(command);
     INFO(command << "\n" << r.out);
     CHECK(r.code == 0);

@@ -1,0 +1,94 @@
+// torchpatch generate and bench as a user runs them.
+#include "test_prelude.h"
+#include "test_util.h"
+#include "cli_util.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+using Catch::Matchers::Contains;
+using namespace testutil;
+
+TEST_CASE("cli generate on a padded batch writes the reference generated_ids", "[cli][generate][reference]") {
+  const auto dir = data_dir() / "mistral_sliding_window";
+  const auto ref = torchpatch::checkpoint::SafetensorsFile::open(dir / "reference.safetensors");
+  const auto inputs = temp_file("batch-inputs.safetensors");
+  torchpatch::checkpoint::save_safetensors(
+      inputs, {{"input_ids", ref->tensor("input_ids")}, {"attention_mask", ref->tensor("attention_mask")}});
+  const auto out = temp_file("generated.safetensors");
+  const auto r = torchpatch_cli("generate --model " + dir.string() + " --inputs " + inputs.string() +
+                                " --max-new-tokens 8 --ignore-eos --output " + out.string());
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Contains("prefill: 24 tokens in"));
+  CHECK_THAT(r.out, Contains("decode:  14 tokens in"));
+  CHECK_THAT(r.out, Contains("tokens/s"));
+  const auto generated = torchpatch::checkpoint::SafetensorsFile::open(out)->tensor("generated_ids");
+  CHECK(at::equal(generated, ref->tensor("generated_ids")));
+  std::filesystem::remove(inputs);
+  std::filesystem::remove(out);
+}
+
+TEST_CASE("cli generate --json prints each row's new ids, with a plugin patched in", "[cli][generate]") {
+  const auto dir = data_dir() / "llama_basic";
+  const auto ref = torchpatch::checkpoint::SafetensorsFile::open(dir / "reference.safetensors");
+  const auto expected = ref->tensor("row1_generated_ids")[0].narrow(0, 8, 8).contiguous();
+  const auto prompt = ref->tensor("row1_input_ids")[0].contiguous();
+  const std::vector<int64_t> ids(prompt.data_ptr<int64_t>(), prompt.data_ptr<int64_t>() + prompt.numel());
+  const auto r = torchpatch_cli("generate --model " + dir.string() + " --prompt-ids " + fmt::format("{}", fmt::join(ids, ",")) +
+                                " --max-new-tokens 8 --json --patch LlamaAttention=FusedQKVAttention");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["rows"][0]["new_ids"].get<std::vector<int64_t>>() ==
+        std::vector<int64_t>(expected.data_ptr<int64_t>(), expected.data_ptr<int64_t>() + 8));
+  CHECK(j["decode"]["tokens_per_second"].get<double>() > 0);
+}
+
+TEST_CASE("cli generate: sampling with a seed repeats itself", "[cli][generate]") {
+  const std::string args = "generate --preset tiny-qwen2 --prompt-ids 4,5,6 --max-new-tokens 6 --do-sample --seed 9 "
+                           "--top-k 20 --top-p 0.9 --temperature 0.8 --json";
+  const auto a = torchpatch_cli(args), b = torchpatch_cli(args);
+  REQUIRE(a.code == 0);
+  CHECK(nlohmann::json::parse(a.out)["rows"] == nlohmann::json::parse(b.out)["rows"]);
+}
+
+TEST_CASE("cli generate: bad arguments and bad input", "[cli][generate][errors]") {
+  struct Case {
+    std::string args;
+    int code;
+    std::string message;
+  };
+  const std::vector<Case> cases{
+      {"--preset tiny-llama --prompt-ids 1,2 --max-new-tokens -1", 2, "--max-new-tokens: expected one integer >= 0"},
+      {"--preset tiny-llama --prompt-ids 1,2 --temperature 0.5", 2, "--temperature needs --do-sample"},
+      {"--preset tiny-llama --prompt-ids 1,2 --do-sample --top-p 2", 2, "--top-p: must be in (0, 1]"},
+      {"--preset tiny-llama --prompt-ids 1,2 --do-sample --temperature hot", 2, "--temperature: 'hot' is not a number"},
+      {"--preset tiny-llama --prompt-ids 1,x", 2, "--prompt-ids: 'x' is not an integer"},
+      {"--preset tiny-llama --prompt-ids 1,300", 1, "token id 300 at [0, 1] is out of range for vocab_size 256"},
+      {"--preset tiny-llama --prompt-ids 1,2 --max-new-tokens 400", 1, "more than the model supports (256"},
+      {"--preset tiny-gpt --prompt-ids 1", 1, "unknown preset 'tiny-gpt'"},
+  };
+  for (const auto& c : cases) {
+    const auto r = torchpatch_cli("generate " + c.args);
+    INFO(c.args << "\n" << r.out);
+    CHECK(r.code == c.code);
+    CHECK_THAT(r.out, Contains(c.message));
+  }
+}
+
+TEST_CASE("cli bench prints both ratios", "[cli][bench]") {
+  const auto r = torchpatch_cli("bench --preset tiny-llama --prompt-len 16 --decode-tokens 4 --repeats 1 --json");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["copy_bandwidth_bytes_per_second"].get<double>() > 0);
+  CHECK(j["matmul_flops_per_second"].get<double>() > 0);
+  REQUIRE(j["results"].size() == 2);  // built-in and FusedQKVAttention
+  CHECK(j["results"][1]["variant"] == "FusedQKVAttention");
+  for (const auto& row : j["results"]) {
+    CHECK(row["decode_fraction_of_bandwidth_limit"].get<double>() > 0);
+    CHECK(row["prefill_fraction_of_matmul_rate"].get<double>() > 0);
+  }
+}
