@@ -118,12 +118,14 @@ TEST_CASE("masks: causal, sliding window, padding and cache offsets", "[masks]")
 }
 
 TEST_CASE("single-row linear (the decoding kernel) equals at::linear", "[linear]") {
+  at::manual_seed(0);
   for (auto [n, k] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {5, 7}, {8, 16}, {13, 35}, {257, 768}, {64, 2048}}) {
     auto w = at::randn({n, k}), b = at::randn({n}), x = at::randn({1, 1, k});
     const auto expected = at::linear(x, w, b);
     const auto actual = nn::linear(x, w, b);
     REQUIRE(actual.sizes() == expected.sizes());
-    CHECK(testutil::close(fmt::format("linear {}x{}", n, k), actual, expected, {}, 1e-5, 1e-5));
+    // Both sum k float32 products, in different orders: rounding grows with k.
+    CHECK(testutil::close(fmt::format("linear {}x{}", n, k), actual, expected, {}, 1e-6 * static_cast<double>(k), 1e-5));
   }
   // With gradients the kernel steps aside and autograd sees a normal product.
   auto w = at::randn({4, 8}).requires_grad_(), x = at::randn({1, 8});
