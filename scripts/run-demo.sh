@@ -11,3 +11,5 @@ echo; echo "\$ torchpatch plan --preset tiny-llama --patch LlamaAttention=Custom
 "$tp" plan --preset tiny-llama --patch LlamaAttention=CustomLlamaAttention
 echo; echo "\$ torchpatch run --preset tiny-llama --prompt-ids 1,2,3,4 --patch LlamaAttention=CustomLlamaAttention"
 "$tp" run --preset tiny-llama --prompt-ids 1,2,3,4 --patch LlamaAttention=CustomLlamaAttention
+echo; echo "\$ torchpatch generate --preset tiny-mistral --prompt-ids 1,2,3,4 --max-new-tokens 16 --patch MistralAttention=FusedQKVAttention"
+"$tp" generate --preset tiny-mistral --prompt-ids 1,2,3,4 --max-new-tokens 16 --patch MistralAttention=FusedQKVAttention
