@@ -127,8 +127,20 @@ TEST_CASE("single-row linear (the decoding kernel) equals at::linear", "[linear]
     // Both sum k float32 products, in different orders: rounding grows with k.
     CHECK(testutil::close(fmt::format("linear {}x{}", n, k), actual, expected, {}, 1e-6 * static_cast<double>(k), 1e-5));
   }
+  // Each kernel this CPU has, and BLAS, give the same products.
+  auto w = at::randn({37, 100}), b = at::randn({37}), x = at::randn({1, 100});
+  const auto expected = at::linear(x, w, b);
+  for (auto kernel : {nn::DecodeKernel::kAvx512, nn::DecodeKernel::kAvx2, nn::DecodeKernel::kBlas}) {
+    const auto previous = nn::set_decode_kernel(kernel);
+    const auto actual = nn::linear(x, w, b);
+    nn::set_decode_kernel(previous);
+    CHECK(testutil::close(fmt::format("linear 37x100 kernel {}", static_cast<int>(kernel)), actual, expected, {}, 1e-4,
+                          1e-5));
+  }
+  // Shapes that are not one row of the weight's width go to LibTorch unchanged.
+  CHECK(nn::linear(at::randn({3, 1}), at::randn({4, 1})).sizes() == at::IntArrayRef({3, 4}));
   // With gradients the kernel steps aside and autograd sees a normal product.
-  auto w = at::randn({4, 8}).requires_grad_(), x = at::randn({1, 8});
-  nn::linear(x, w).sum().backward();
-  CHECK(testutil::close("linear weight grad", w.grad(), x.expand({4, 8}), {}, 1e-6, 1e-6));
+  auto wg = at::randn({4, 8}).requires_grad_(), xg = at::randn({1, 8});
+  nn::linear(xg, wg).sum().backward();
+  CHECK(testutil::close("linear weight grad", wg.grad(), xg.expand({4, 8}), {}, 1e-6, 1e-6));
 }

@@ -85,8 +85,9 @@ TEST_CASE("cli bench prints both ratios", "[cli][bench]") {
   const auto j = nlohmann::json::parse(r.out);
   CHECK(j["copy_bandwidth_bytes_per_second"].get<double>() > 0);
   CHECK(j["matmul_flops_per_second"].get<double>() > 0);
-  REQUIRE(j["results"].size() == 2);  // built-in and FusedQKVAttention
-  CHECK(j["results"][1]["variant"] == "FusedQKVAttention");
+  REQUIRE(j["results"].size() == 3);  // built-in, built-in on BLAS's sgemv, FusedQKVAttention
+  CHECK(j["results"][1]["variant"] == "built-in, BLAS sgemv");
+  CHECK(j["results"][2]["variant"] == "FusedQKVAttention");
   for (const auto& row : j["results"]) {
     CHECK(row["decode_fraction_of_bandwidth_limit"].get<double>() > 0);
     CHECK(row["prefill_fraction_of_matmul_rate"].get<double>() > 0);

@@ -6,6 +6,7 @@
 #include "torchpatch/generation/generate.h"
 #include "torchpatch/models/auto.h"
 #include "torchpatch/models/qwen2.h"
+#include "torchpatch/patching/registry.h"
 
 using namespace torchpatch;
 using Catch::Matchers::Contains;
@@ -123,6 +124,8 @@ TEST_CASE("generate rejects bad input with clear errors", "[generate][errors]") 
   config.max_new_tokens = 4;
   REQUIRE_THROWS_WITH(generate(*model, prompt({1, 2}), at::zeros({1, 2}, at::kLong), config),
                       Contains("attention_mask: a row has no real tokens"));
+  REQUIRE_THROWS_WITH(generate(*model, prompt({1, 2}), at::tensor(std::vector<int64_t>{1, 0}).unsqueeze(0), config),
+                      Contains("a row ends in padding; generation needs left padding"));
   REQUIRE_THROWS_WITH(generate(*model, prompt({1, 2}), at::ones({1, 3}, at::kLong), config),
                       Contains("attention_mask: shape 1x3 does not match input_ids 1x2"));
   config.do_sample = true;
@@ -140,6 +143,69 @@ TEST_CASE("generate rejects bad input with clear errors", "[generate][errors]") 
   json["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
   auto stretched = construct_model(ModelConfig::from_json(json));
   CHECK(stretched->forward(in).logits.size(1) == 300);
+}
+
+namespace {
+// An attention that ignores the key/value cache (and the past): fine for one pass, wrong for decoding.
+class ForgetfulAttention : public roles::Attention {
+ public:
+  explicit ForgetfulAttention(const BuildContext&) {}
+  at::Tensor forward(const at::Tensor& hidden, const AttentionInputs&) override { return hidden * 0.5; }
+};
+}  // namespace
+
+TEST_CASE("an attention class that does not fill the cache is a clear error, not silent nonsense", "[generate][errors]") {
+  ScopedPatchMapping patch({{"LlamaAttention", module_class<ForgetfulAttention>("ForgetfulAttention")}});
+  auto model = from_config(preset_config("tiny-llama"));  // applies the registered patch
+  ModelInputs in;
+  in.input_ids = prompt({1, 2, 3});
+  CHECK(model->forward(in).logits.size(1) == 3);  // without a cache it runs
+  REQUIRE_THROWS_WITH(generate(*model, prompt({1, 2, 3}), {}, {}),
+                      Contains("layer 0: ForgetfulAttention did not update the key/value cache"));
+}
+
+TEST_CASE("bias flags per family: Mistral never, Qwen2 q/k/v only", "[config]") {
+  auto mistral = ModelConfig::from_json({{"model_type", "mistral"}, {"attention_bias", true}, {"mlp_bias", true}}).decoder;
+  CHECK_FALSE(mistral.qkv_bias);
+  CHECK_FALSE(mistral.o_bias);
+  CHECK_FALSE(mistral.mlp_bias);
+  auto qwen2 = qwen2_json();
+  qwen2["attention_bias"] = true;
+  const auto d = ModelConfig::from_json(qwen2).decoder;
+  CHECK(d.qkv_bias);
+  CHECK_FALSE(d.o_bias);
+  auto llama = ModelConfig::from_json({{"model_type", "llama"}, {"attention_bias", true}}).decoder;
+  CHECK((llama.qkv_bias && llama.o_bias));
+  qwen2["use_sliding_window"] = false;
+  qwen2["sliding_window"] = 0;  // ignored while the window is off, as in Hugging Face
+  CHECK_FALSE(ModelConfig::from_json(qwen2).decoder.sliding_window);
+}
+
+TEST_CASE("qwen2 without a window computes what Llama computes with the same weights and q/k/v biases", "[qwen2]") {
+  // No Qwen2 reference case exists; Qwen2 is Llama plus q/k/v biases (o_proj's bias held at zero here).
+  auto qwen2 = construct_model(ModelConfig::from_json(qwen2_json()));
+  init_random_weights(*qwen2, 11);
+  auto llama_json = qwen2_json();
+  llama_json["model_type"] = "llama";
+  llama_json["attention_bias"] = true;
+  llama_json["num_key_value_heads"] = 2;
+  auto llama = construct_model(ModelConfig::from_json(llama_json));
+  const auto source = qwen2->named_parameters();
+  {
+    at::NoGradGuard guard;
+    for (auto& p : llama->named_parameters()) {
+      if (source.contains(p.key())) {
+        p.value().copy_(source[p.key()]);
+      } else {
+        REQUIRE(p.key().find("o_proj.bias") != std::string::npos);
+        p.value().zero_();
+      }
+    }
+  }
+  ModelInputs in;
+  in.input_ids = prompt({7, 3, 9, 1, 4, 4, 2});
+  at::NoGradGuard guard;
+  CHECK(testutil::close("qwen2 vs llama+biases", qwen2->forward(in).logits, llama->forward(in).logits, {}, 1e-6, 1e-6));
 }
 
 TEST_CASE("configs missing a required field or with a wrong one are clear errors", "[config][errors]") {

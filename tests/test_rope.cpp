@@ -116,6 +116,38 @@ TEST_CASE("rope yarn blends interpolated and original frequencies and scales cos
                  (0.1 * std::log(factor) + 1) / (0.05 * std::log(factor) + 1)) < 1e-12);
 }
 
+TEST_CASE("rope yarn with a trained length: the factor as given, the ramp found at the trained length", "[rope]") {
+  // Qwen2.5's recipe: max_position_embeddings left at the trained 64, factor 4, truncate off.
+  const double factor = 4.0, base = 10000.0;
+  const int dim = 32, trained = 64;
+  const auto config = config_with({{"rope_scaling", {{"rope_type", "yarn"}, {"factor", factor},
+                                                     {"original_max_position_embeddings", trained},
+                                                     {"truncate", false}, {"beta_fast", 16}, {"beta_slow", 2}}}});
+  CHECK(config.decoder.max_positions() == 256);
+  const auto freq = nn::rope_frequencies(config.decoder);
+  auto correction = [&](double rotations) {
+    return dim * std::log(trained / (rotations * 2 * M_PI)) / (2 * std::log(base));
+  };
+  const double low = std::max(correction(16), 0.0), high = std::min(correction(2), dim - 1.0);  // not rounded
+  const double worst = worst_rel(freq.inv_freq, dim / 2, [&](int i) {
+    const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+    const double original = default_freq(base, i, dim);
+    return original / factor * ramp + original * (1 - ramp);
+  });
+  std::cout << "yarn (trained length, no truncation) inv_freq: max rel diff = " << worst << "\n";
+  CHECK(worst < 1e-5);
+  CHECK(std::abs(freq.attention_scaling - (0.1 * std::log(factor) + 1.0)) < 1e-12);
+}
+
+TEST_CASE("how long a sequence each rope type allows", "[rope]") {
+  CHECK(config_with(nlohmann::json::object()).decoder.max_positions() == 64);
+  CHECK(config_with({{"rope_scaling", {{"rope_type", "dynamic"}, {"factor", 2.0}}}}).decoder.max_positions() >
+        int64_t{1} << 40);
+  CHECK(config_with({{"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                                       {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 16}}}})
+            .decoder.max_positions() == 128);
+}
+
 TEST_CASE("rope configs with unknown or incomplete scaling are clear errors", "[rope][errors]") {
   REQUIRE_THROWS_WITH(config_with({{"rope_scaling", {{"rope_type", "longrope"}, {"factor", 2.0}}}}),
                       Contains("unsupported rope_type 'longrope'"));

@@ -17,6 +17,7 @@
 #include "session.h"
 #include "torchpatch/generation/generate.h"
 #include "torchpatch/models/auto.h"
+#include "torchpatch/nn/linear.h"
 #include "torchpatch/patching/registry.h"
 #include "torchpatch/patching/scope.h"
 
@@ -124,7 +125,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
                 {"decode-tokens", "N", "decode steps timed per run (default 32)"},
                 {"threads", "N", "intra-op threads (default 1)"},
                 {"repeats", "N", "timed runs; the best is reported (default 3)"},
-                {"no-fused", "", "skip the FusedQKVAttention variant"}});
+                {"no-fused", "", "skip the FusedQKVAttention variant"},
+                {"no-blas", "", "skip the variant that decodes with the system BLAS's sgemv"}});
   const Args args(specs, argv);
   if (args.flag("help")) {
     std::cout << usage("bench",
@@ -155,6 +157,12 @@ int cmd_bench(const std::vector<std::string>& argv) {
 
   std::vector<Measurement> results{measure(args.has("patch") ? "as patched" : "built-in", *built.model, prompt_len,
                                            decode_tokens, repeats)};
+  if (!args.flag("no-blas")) {
+    // The same model with single-token products on the system BLAS's sgemv: the decoding kernel's baseline.
+    const auto previous = nn::set_decode_kernel(nn::DecodeKernel::kBlas);
+    results.push_back(measure(results[0].variant + ", BLAS sgemv", *built.model, prompt_len, decode_tokens, repeats));
+    nn::set_decode_kernel(previous);
+  }
   const auto fused = host.find_class("FusedQKVAttention");
   const auto key = attention_key(*built.model);
   if (fused && !args.flag("no-fused") && !args.has("patch") && !key.empty()) {
@@ -196,10 +204,10 @@ int cmd_bench(const std::vector<std::string>& argv) {
                            "decode limit {:.1f} tokens/s; prefill of {} tokens = {:.2f} GFLOP\n",
                            built.source, static_cast<double>(parameters) / 1e6, bytes / 1e6, limit, prompt_len,
                            flops / 1e9);
-  std::cout << fmt::format("{:<20} {:>14} {:>12} {:>16} {:>10} {:>12}\n", "variant", "decode tok/s", "of limit",
+  std::cout << fmt::format("{:<28} {:>14} {:>12} {:>16} {:>10} {:>12}\n", "variant", "decode tok/s", "of limit",
                            "prefill tok/s", "GFLOP/s", "of matmul");
   for (const auto& r : rows) {
-    std::cout << fmt::format("{:<20} {:>14.1f} {:>12.2f} {:>16.1f} {:>10.1f} {:>12.2f}\n",
+    std::cout << fmt::format("{:<28} {:>14.1f} {:>12.2f} {:>16.1f} {:>10.1f} {:>12.2f}\n",
                              r["variant"].get<std::string>(), r["decode_tokens_per_second"].get<double>(),
                              r["decode_fraction_of_bandwidth_limit"].get<double>(),
                              r["prefill_tokens_per_second"].get<double>(), r["prefill_gflops"].get<double>(),

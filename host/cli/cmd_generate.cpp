@@ -1,6 +1,7 @@
 // torchpatch generate: cached generation from a prompt or a padded batch; prints the new ids and the
 // prefill and decode speeds.
-#include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include <ATen/ATen.h>
@@ -17,6 +18,47 @@ namespace torchpatch::cli {
 
 namespace {
 
+// Token ids from a JSON field holding one id or a list ({} when absent or null).
+std::vector<int64_t> token_ids(const nlohmann::json& j, const char* key, const std::string& source) {
+  if (!j.contains(key) || j.at(key).is_null()) return {};
+  const auto& v = j.at(key);
+  std::vector<int64_t> ids;
+  for (const auto& id : v.is_array() ? v : nlohmann::json::array({v})) {
+    if (!id.is_number_integer()) throw ConfigError(fmt::format("{}: '{}' must be a token id or a list of them", source, key));
+    ids.push_back(id.get<int64_t>());
+  }
+  return ids;
+}
+
+// Stop and pad ids as Hugging Face's generate finds them: generation_config.json first (it may list
+// several end tokens), then config.json; padding falls back to the first end token.
+void read_special_tokens(const Args& args, const DecoderConfig& model, GenerationConfig& config) {
+  std::vector<int64_t> eos = model.eos_token_ids;
+  std::vector<int64_t> pad;
+  if (model.pad_token_id) pad = {*model.pad_token_id};
+  if (args.has("model")) {
+    const auto file = std::filesystem::path(args.value("model")) / "generation_config.json";
+    std::ifstream in(file);
+    if (in) {
+      nlohmann::json j;
+      try {
+        in >> j;
+      } catch (const nlohmann::json::exception& e) {
+        throw ConfigError(fmt::format("{}: not valid JSON: {}", file.string(), e.what()));
+      }
+      if (auto ids = token_ids(j, "eos_token_id", file.string()); !ids.empty()) eos = ids;
+      if (auto ids = token_ids(j, "pad_token_id", file.string()); !ids.empty()) pad = ids;
+    }
+  }
+  if (args.has("eos-ids")) eos = parse_int_list(args.value("eos-ids"), "--eos-ids");
+  config.eos_token_ids = args.flag("ignore-eos") ? std::vector<int64_t>{} : eos;
+  config.pad_token_id = !pad.empty() ? pad[0] : !eos.empty() ? eos[0] : 0;
+  if (config.pad_token_id < 0 || config.pad_token_id >= model.vocab_size) {
+    throw ConfigError(fmt::format("pad_token_id {} is out of range for vocab_size {}", config.pad_token_id,
+                                  model.vocab_size));
+  }
+}
+
 GenerationConfig read_generation_config(const Args& args, const DecoderConfig& model) {
   GenerationConfig config;
   config.max_new_tokens = int_option(args, "max-new-tokens", 20, 0);
@@ -31,10 +73,7 @@ GenerationConfig read_generation_config(const Args& args, const DecoderConfig& m
   if (!(config.top_p > 0 && config.top_p <= 1)) throw UsageError("--top-p: must be in (0, 1]");
   if (args.has("seed")) config.seed = static_cast<uint64_t>(int_option(args, "seed", 0, 0));
   if (args.has("eos-ids") && args.flag("ignore-eos")) throw UsageError("give at most one of --eos-ids and --ignore-eos");
-  config.eos_token_ids = args.has("eos-ids") ? parse_int_list(args.value("eos-ids"), "--eos-ids")
-                         : args.flag("ignore-eos") ? std::vector<int64_t>{}
-                                                   : model.eos_token_ids;
-  config.pad_token_id = model.pad_token_id.value_or(0);
+  read_special_tokens(args, model, config);
   return config;
 }
 
@@ -63,7 +102,8 @@ int cmd_generate(const std::vector<std::string>& argv) {
                 {"top-k", "K", "sample from the K most likely tokens (default 50, 0 = all)"},
                 {"top-p", "P", "sample from the smallest set with probability >= P (default 1.0)"},
                 {"seed", "N", "seed for reproducible sampling"},
-                {"eos-ids", "IDS", "stop a row at these ids (default: the config's eos_token_id)"},
+                {"eos-ids", "IDS", "stop a row at these ids (default: eos_token_id of generation_config.json, else "
+                                   "config.json)"},
                 {"ignore-eos", "", "never stop early"},
                 {"output", "FILE", "write generated_ids [B, prompt+new] to this safetensors file"}});
   const Args args(specs, argv);
@@ -71,10 +111,8 @@ int cmd_generate(const std::vector<std::string>& argv) {
     std::cout << usage("generate", "Generate tokens with a key/value cache (greedy unless --do-sample).", specs);
     return 0;
   }
+  // position_ids in an inputs file are not used: generation derives them from attention_mask.
   const ModelInputs inputs = read_model_inputs(args);
-  if (inputs.position_ids.defined()) {
-    throw UsageError("--inputs: position_ids are derived from attention_mask during generation; remove them");
-  }
 
   PluginHost host(PluginHostOptions{args.flag("strict"), args.flag("allow-world-writable")});
   load_plugins(host, args);

@@ -1,5 +1,6 @@
 #include "torchpatch/generation/generate.h"
 
+#include <algorithm>
 #include <chrono>
 #include <limits>
 
@@ -89,6 +90,9 @@ GenerationOutput generate(PretrainedModel& model, const at::Tensor& input_ids, c
                                    fmt::join(input_ids.sizes(), "x")));
     }
     if ((mask.sum(-1) == 0).any().item<bool>()) throw InputError("attention_mask: a row has no real tokens");
+    if ((mask.select(1, prompt - 1) == 0).any().item<bool>()) {
+      throw InputError("attention_mask: a row ends in padding; generation needs left padding (pads first)");
+    }
     if (mask.all().item<bool>()) mask = at::Tensor();  // no padding: the model can skip the mask
   }
   c10::optional<at::Generator> generator;
@@ -107,7 +111,9 @@ GenerationOutput generate(PretrainedModel& model, const at::Tensor& input_ids, c
   ModelInputs in;
   in.input_ids = input_ids.to(at::kLong);
   in.past_key_values = std::make_shared<DynamicCache>(d);
-  in.past_key_values->reserve(prompt + config.max_new_tokens);
+  // Room for the prompt and the first steps; a long run grows by doubling, so a large
+  // max_new_tokens that stops early at eos does not hold memory it never used.
+  in.past_key_values->reserve(prompt + std::min<int64_t>(config.max_new_tokens, 1024));
   in.logits_to_keep = 1;
   if (mask.defined()) {
     in.attention_mask = mask.to(at::kLong);

@@ -1,6 +1,8 @@
 #include "torchpatch/models/config.h"
 
+#include <algorithm>
 #include <fstream>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -106,8 +108,9 @@ RopeParameters read_rope(const json& j, const std::string& source) {
     if (r.has("attention_factor")) rope.attention_factor = r.number("attention_factor", 1.0);
     rope.beta_fast = r.number("beta_fast", 32.0);
     rope.beta_slow = r.number("beta_slow", 1.0);
-    if (r.has("mscale")) rope.mscale = r.number("mscale", 1.0);
-    if (r.has("mscale_all_dim")) rope.mscale_all_dim = r.number("mscale_all_dim", 1.0);
+    // As in Python, a zero mscale counts as not given.
+    if (r.number("mscale", 0.0) != 0.0) rope.mscale = r.number("mscale", 0.0);
+    if (r.number("mscale_all_dim", 0.0) != 0.0) rope.mscale_all_dim = r.number("mscale_all_dim", 0.0);
     rope.truncate = r.boolean("truncate", true);
   }
   return rope;
@@ -129,12 +132,14 @@ void read_layer_types(const json& j, const FieldReader& f, const FamilyEntry& fa
     d.sliding_window.reset();
     return;
   }
-  d.sliding_window = read_window(j, f, family.defaults.sliding_window);
   if (family.sliding == Sliding::kAll) {
+    d.sliding_window = read_window(j, f, family.defaults.sliding_window);
     if (d.sliding_window) d.layer_types.assign(d.num_hidden_layers, kSlidingAttention);
     return;
   }
-  if (!f.boolean("use_sliding_window", false)) d.sliding_window.reset();
+  // Qwen2: the window size is read (and checked) only when the window is on.
+  d.sliding_window.reset();
+  if (f.boolean("use_sliding_window", false)) d.sliding_window = read_window(j, f, family.defaults.sliding_window);
   if (f.has("layer_types")) {
     const auto& types = j.at("layer_types");
     if (!types.is_array() || static_cast<int64_t>(types.size()) != d.num_hidden_layers) {
@@ -206,10 +211,18 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   d.max_position_embeddings = f.positive("max_position_embeddings", defaults.max_position_embeddings);
   d.rms_norm_eps = f.number("rms_norm_eps", defaults.rms_norm_eps);
   d.hidden_act = f.string("hidden_act", defaults.hidden_act);
-  d.attention_bias = f.boolean("attention_bias", defaults.attention_bias);
-  d.qkv_bias = defaults.qkv_bias || d.attention_bias;
-  d.o_bias = defaults.o_bias || d.attention_bias;
-  d.mlp_bias = f.boolean("mlp_bias", defaults.mlp_bias);
+  switch (family.biases) {
+    case FamilyEntry::Biases::kFromConfig:
+      d.attention_bias = f.boolean("attention_bias", defaults.attention_bias);
+      d.qkv_bias = d.o_bias = d.attention_bias;
+      d.mlp_bias = f.boolean("mlp_bias", defaults.mlp_bias);
+      break;
+    case FamilyEntry::Biases::kNone: d.attention_bias = d.qkv_bias = d.o_bias = d.mlp_bias = false; break;
+    case FamilyEntry::Biases::kQkvOnly:
+      d.qkv_bias = true;
+      d.attention_bias = d.o_bias = d.mlp_bias = false;
+      break;
+  }
   d.tie_word_embeddings = f.boolean("tie_word_embeddings", defaults.tie_word_embeddings);
   if (f.has("pad_token_id")) d.pad_token_id = f.integer("pad_token_id", 0);
   d.eos_token_ids = read_token_ids(j, "eos_token_id", source);
@@ -223,9 +236,16 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
 }
 
 int64_t DecoderConfig::max_positions() const {
-  const bool stretches = rope.rope_type == "linear" || rope.rope_type == "dynamic";
-  return stretches ? static_cast<int64_t>(static_cast<double>(max_position_embeddings) * rope.factor)
-                   : max_position_embeddings;
+  const auto scaled = [](int64_t length, double factor) {
+    return static_cast<int64_t>(static_cast<double>(length) * factor);
+  };
+  const auto& type = rope.rope_type;
+  if (type == "dynamic") return std::numeric_limits<int64_t>::max();  // NTK scaling follows any length
+  if (type == "linear") return scaled(max_position_embeddings, rope.factor);
+  if ((type == "yarn" || type == "llama3") && rope.original_max_position_embeddings > 0) {
+    return std::max(max_position_embeddings, scaled(rope.original_max_position_embeddings, rope.factor));
+  }
+  return max_position_embeddings;
 }
 
 ModelConfig ModelConfig::from_file(const std::filesystem::path& path) {

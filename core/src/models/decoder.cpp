@@ -15,6 +15,17 @@ std::string join_path(const std::string& prefix, const std::string& name) {
   return prefix.empty() ? name : prefix + "." + name;
 }
 
+// The class behind a layer's self-attention, for messages ("the layer" when it has none by that name).
+std::string attention_class(const roles::DecoderLayer& layer) {
+  for (const auto& child : layer.named_children()) {
+    if (child.key() != "self_attn") continue;
+    if (const auto* attention = dynamic_cast<const PatchableModule*>(child.value().get())) {
+      return attention->patch_record().class_name;
+    }
+  }
+  return layer.patch_record().class_name;
+}
+
 const std::string& layer_type(const DecoderConfig& config, int64_t i) {
   static const std::string full = kFullAttention;
   return i < static_cast<int64_t>(config.layer_types.size()) ? config.layer_types[i] : full;
@@ -113,6 +124,14 @@ ModelOutput DecoderModel::forward(const ModelInputs& in) {
     attn.layer_idx = static_cast<int64_t>(i);
     attn.mask = masks.at(layer_type(d, attn.layer_idx));
     h = layer_list_[i]->forward(h, attn);
+    if (cache && cache->get_seq_length(attn.layer_idx) != past + len) {
+      // An attention class that does not append to the cache would make every later step forget.
+      throw PatchError(fmt::format("layer {}: {} did not update the key/value cache (it holds {} tokens, expected {}); "
+                                   "attention classes must append through inputs.cache, as "
+                                   "nn::grouped_query_attention does",
+                                   i, attention_class(*layer_list_[i]), cache->get_seq_length(attn.layer_idx),
+                                   past + len));
+    }
     // Hugging Face convention: the last layer's output is replaced by the normed one.
     if (in.output_hidden_states && i + 1 < layer_list_.size()) out.hidden_states.push_back(h);
   }

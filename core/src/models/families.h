@@ -22,9 +22,16 @@ struct FamilyEntry {
     kAll,           ///< Mistral: every layer when `sliding_window` is set
     kFromMaxWindow  ///< Qwen2: `use_sliding_window`, then `layer_types` or layers >= `max_window_layers`
   };
+  /// Where attention and MLP biases come from.
+  enum class Biases {
+    kFromConfig,  ///< Llama: `attention_bias` (q/k/v/o) and `mlp_bias`
+    kNone,        ///< Mistral: never
+    kQkvOnly      ///< Qwen2: q/k/v always, o and the MLP never
+  };
   std::string model_type;
   DecoderConfig defaults;
   SlidingLayers sliding = SlidingLayers::kNone;
+  Biases biases = Biases::kFromConfig;
   std::string default_class;  ///< built when config.json names no known architecture
   std::map<std::string, std::function<std::shared_ptr<PretrainedModel>(const ModelConfig&)>> classes;
 };

@@ -27,6 +27,7 @@ FamilyEntry mistral_family() {
   d.sliding_window = 4096;
   auto family = decoder_family<mistral::MistralForCausalLM, mistral::MistralModel>("mistral", mistral::kFamily, d);
   family.sliding = FamilyEntry::SlidingLayers::kAll;
+  family.biases = FamilyEntry::Biases::kNone;
   return family;
 }
 

@@ -24,10 +24,10 @@ FamilyEntry qwen2_family() {
   d.max_position_embeddings = 32768;
   d.rms_norm_eps = 1e-6;
   d.hidden_act = "silu";
-  d.qkv_bias = true;
   d.sliding_window = 4096;  // used only with use_sliding_window
   auto family = decoder_family<qwen2::Qwen2ForCausalLM, qwen2::Qwen2Model>("qwen2", qwen2::kFamily, d);
   family.sliding = FamilyEntry::SlidingLayers::kFromMaxWindow;
+  family.biases = FamilyEntry::Biases::kQkvOnly;
   return family;
 }
 

@@ -4,11 +4,18 @@
 // (measured on the benchmark machine: 18 GB/s for sgemv, about 33 GB/s for the AVX-512 kernel).
 #include "nn/gemv.h"
 
-#include <immintrin.h>
+#include <algorithm>
+#include <cstdint>
 
 #include <ATen/Parallel.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace torchpatch::nn {
+
+#if defined(__x86_64__)
 
 namespace {
 
@@ -71,27 +78,32 @@ void rows(bool wide, const float* w, const float* x, float* y, int64_t k, const 
   }
 }
 
-bool has_avx512() {
-  static const bool yes = __builtin_cpu_supports("avx512f");
-  return yes;
-}
-
 }  // namespace
 
-bool fast_gemv_supported() {
-  static const bool yes = __builtin_cpu_supports("avx512f") || (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"));
-  return yes;
+DecodeKernel resolve_decode_kernel(DecodeKernel choice) {
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  switch (choice) {
+    case DecodeKernel::kAuto: return avx512 ? DecodeKernel::kAvx512 : avx2 ? DecodeKernel::kAvx2 : DecodeKernel::kBlas;
+    case DecodeKernel::kAvx512: return avx512 ? DecodeKernel::kAvx512 : DecodeKernel::kBlas;
+    case DecodeKernel::kAvx2: return avx2 ? DecodeKernel::kAvx2 : DecodeKernel::kBlas;
+    default: return DecodeKernel::kBlas;
+  }
 }
 
-void fast_gemv(const float* w, const float* x, float* y, int64_t n, int64_t k) {
+void fast_gemv(DecodeKernel kernel, const float* w, const float* x, float* y, int64_t n, int64_t k) {
   const int64_t blocks = (n + kRows - 1) / kRows;
-  const bool wide = has_avx512();
+  const bool wide = kernel == DecodeKernel::kAvx512;
+  const auto end_of_weight = reinterpret_cast<std::uintptr_t>(w + n * k);
   // Each thread takes whole blocks of rows; 32 blocks (about 100 KB of weights at k = 768) at least.
   at::parallel_for(0, blocks, 32, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const int64_t row = b * kRows;
       const float* block = w + row * k;
-      const char* next = reinterpret_cast<const char*>(block + kRows * k) + kPrefetchBytes;
+      // Prefetch addresses are computed as integers: the last blocks' run past the weight (the
+      // instruction never faults, but pointer arithmetic past an array's end is undefined).
+      const auto ahead = reinterpret_cast<std::uintptr_t>(block) + kRows * k * sizeof(float) + kPrefetchBytes;
+      const char* next = reinterpret_cast<const char*>(ahead < end_of_weight ? ahead : reinterpret_cast<std::uintptr_t>(block));
       if (row + kRows <= n) {
         rows<kRows>(wide, block, x, y + row, k, next);
       } else {
@@ -100,5 +112,12 @@ void fast_gemv(const float* w, const float* x, float* y, int64_t n, int64_t k) {
     }
   });
 }
+
+#else  // no vector kernels on this architecture: LibTorch's BLAS serves every product
+
+DecodeKernel resolve_decode_kernel(DecodeKernel) { return DecodeKernel::kBlas; }
+void fast_gemv(DecodeKernel, const float*, const float*, float*, int64_t, int64_t) {}
+
+#endif
 
 }  // namespace torchpatch::nn

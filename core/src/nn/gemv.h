@@ -3,12 +3,15 @@
 
 #include <cstdint>
 
+#include "torchpatch/nn/linear.h"
+
 namespace torchpatch::nn {
 
-/// True when this CPU has a vector kernel for `fast_gemv` (AVX-512F or AVX2 with FMA).
-bool fast_gemv_supported();
+/// The vector kernel `fast_gemv` would run for `choice` on this CPU (kBlas when it has none).
+DecodeKernel resolve_decode_kernel(DecodeKernel choice);
 
-/// y = W x over rows [0, N), split across LibTorch's intra-op threads. Requires fast_gemv_supported().
-void fast_gemv(const float* w, const float* x, float* y, int64_t n, int64_t k);
+/// y = W x over rows [0, n), split across LibTorch's intra-op threads, with `kernel` (kAvx512 or
+/// kAvx2, as resolved above).
+void fast_gemv(DecodeKernel kernel, const float* w, const float* x, float* y, int64_t n, int64_t k);
 
 }  // namespace torchpatch::nn

@@ -1,5 +1,7 @@
 #include "torchpatch/nn/linear.h"
 
+#include <atomic>
+
 #include <ATen/ATen.h>
 
 #include "nn/gemv.h"
@@ -36,20 +38,30 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias) {
   if (with_bias) bias = register_parameter("bias", new_parameter({out_features}, true));
 }
 
+namespace {
+std::atomic<DecodeKernel> decode_kernel{DecodeKernel::kAuto};
+}  // namespace
+
+DecodeKernel set_decode_kernel(DecodeKernel kernel) { return decode_kernel.exchange(kernel); }
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  const bool one_row = x.numel() == weight.size(1) && x.numel() > 0;
+  const bool one_row = x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1) && x.numel() == weight.size(1);
+  const bool same_type = x.scalar_type() == weight.scalar_type() &&
+                         (!bias.defined() || bias.scalar_type() == x.scalar_type());
   const bool blas_type = x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble;
-  if (!one_row || !blas_type || x.scalar_type() != weight.scalar_type()) return at::linear(x, weight, bias);
-  // A single token (decoding at batch 1): a matrix-vector product streams the weight once, where
-  // BLAS's matrix-matrix path with one row packs (reads and writes) the whole weight first.
+  if (!one_row || !same_type || !blas_type || !x.is_cpu() || !weight.is_cpu() || x.numel() == 0) {
+    return at::linear(x, weight, bias);
+  }
   auto out_shape = x.sizes().vec();
   out_shape.back() = weight.size(0);
-  at::Tensor y;
+  const auto kernel = resolve_decode_kernel(decode_kernel.load(std::memory_order_relaxed));
   const bool needs_grad = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
-  if (!needs_grad && x.scalar_type() == at::kFloat && weight.is_contiguous() && fast_gemv_supported()) {
+  at::Tensor y;
+  if (kernel != DecodeKernel::kBlas && !needs_grad && x.scalar_type() == at::kFloat && weight.is_contiguous()) {
     const auto vec = x.reshape({-1}).contiguous();
     y = at::empty({weight.size(0)}, x.options());
-    fast_gemv(weight.data_ptr<float>(), vec.data_ptr<float>(), y.data_ptr<float>(), weight.size(0), weight.size(1));
+    fast_gemv(kernel, weight.data_ptr<float>(), vec.data_ptr<float>(), y.data_ptr<float>(), weight.size(0),
+              weight.size(1));
   } else {
     y = at::mv(weight, x.reshape({-1}));
   }

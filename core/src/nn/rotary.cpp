@@ -45,15 +45,14 @@ double dynamic_base(const RopeParameters& rope, int64_t dim, int64_t max_positio
 double yarn_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
 
 // YaRN: interpolated frequencies (divided by factor) for the long wavelengths, the original ones for
-// the short, a linear ramp between the correction dimensions; cos/sin scaled by the attention factor.
+// the short, a linear ramp between the correction dimensions (found at the trained length); cos/sin
+// scaled by the attention factor. The configured factor is used as given (Hugging Face for a while
+// replaced it by max_position_embeddings / original_max_position_embeddings, which turns YaRN off
+// for configs such as Qwen2.5's that leave max_position_embeddings at the trained length).
 RopeFrequencies yarn_frequencies(const RopeParameters& rope, int64_t dim, int64_t max_position_embeddings) {
-  double factor = rope.factor;
-  int64_t original_max = max_position_embeddings;
-  if (rope.original_max_position_embeddings > 0) {
-    // A config that stretched max_position_embeddings states its trained length; the ratio is the factor.
-    original_max = rope.original_max_position_embeddings;
-    factor = static_cast<double>(max_position_embeddings) / static_cast<double>(original_max);
-  }
+  const double factor = rope.factor;
+  const int64_t original_max =
+      rope.original_max_position_embeddings > 0 ? rope.original_max_position_embeddings : max_position_embeddings;
   RopeFrequencies out;
   if (rope.attention_factor) {
     out.attention_scaling = *rope.attention_factor;
@@ -115,9 +114,11 @@ RotaryEmbedding::RotaryEmbedding(const DecoderConfig& config)
     : config_(config),
       freq_(rope_frequencies(config)),
       original_(freq_),
-      max_seq_len_cached_(config.max_position_embeddings) {}
+      max_seq_len_cached_(config.max_position_embeddings),
+      dynamic_mutex_(std::make_shared<std::mutex>()) {}
 
-void RotaryEmbedding::dynamic_update(int64_t seq_len) {
+RopeFrequencies RotaryEmbedding::dynamic_update(int64_t seq_len) {
+  std::lock_guard<std::mutex> lock(*dynamic_mutex_);
   const int64_t original_max = config_.max_position_embeddings;
   if (seq_len > max_seq_len_cached_) {  // grow
     freq_ = rope_frequencies(config_, seq_len);
@@ -127,18 +128,20 @@ void RotaryEmbedding::dynamic_update(int64_t seq_len) {
     freq_ = original_;
     max_seq_len_cached_ = original_max;
   }
+  return freq_;
 }
 
 std::pair<at::Tensor, at::Tensor> RotaryEmbedding::forward(const at::Tensor& position_ids, c10::ScalarType dtype) {
-  if (config_.rope.rope_type == "dynamic") dynamic_update(position_ids.max().item<int64_t>() + 1);
+  const RopeFrequencies freq =
+      config_.rope.rope_type == "dynamic" ? dynamic_update(position_ids.max().item<int64_t>() + 1) : freq_;
   // freqs [B, Q, rot/2] = position * inv_freq, in float32 (a product, as the original's matmul with K=1)
-  auto freqs = position_ids.to(at::kFloat).unsqueeze(-1) * freq_.inv_freq.unsqueeze(0).unsqueeze(0);
+  auto freqs = position_ids.to(at::kFloat).unsqueeze(-1) * freq.inv_freq.unsqueeze(0).unsqueeze(0);
   auto emb = at::cat({freqs, freqs}, -1);
   auto cos = emb.cos();
   auto sin = emb.sin();
-  if (freq_.attention_scaling != 1.0) {
-    cos = cos * freq_.attention_scaling;
-    sin = sin * freq_.attention_scaling;
+  if (freq.attention_scaling != 1.0) {
+    cos = cos * freq.attention_scaling;
+    sin = sin * freq.attention_scaling;
   }
   return {cos.to(dtype), sin.to(dtype)};
 }

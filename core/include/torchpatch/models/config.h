@@ -60,8 +60,9 @@ struct TORCHPATCH_API DecoderConfig {
   /// One entry per layer: kFullAttention or kSlidingAttention.
   std::vector<std::string> layer_types;
 
-  /// Longest sequence the positions support: max_position_embeddings, times `factor` for the linear
-  /// and dynamic RoPE scalings (which stretch a model past its trained length).
+  /// Longest sequence the positions support: max_position_embeddings; times `factor` for linear
+  /// RoPE; original_max_position_embeddings times `factor` for yarn and llama3 when larger; no limit
+  /// for dynamic NTK, which adapts to any length.
   int64_t max_positions() const;
 };
 

@@ -28,8 +28,19 @@ class TORCHPATCH_API SkipInit {
 TORCHPATCH_API void init_parameter(at::Tensor& param, bool is_bias, bool is_norm, double std = 0.02);
 
 /// y = x W^T + b. weight [out, in], bias [out] when `bias`.
-/// y = x @ weight^T + bias, like at::linear; a single row takes BLAS's matrix-vector path, which
-/// reads the weight once (decoding is bound by reading the weights).
+/// How a single-row float32 product (decoding one token) is computed.
+enum class DecodeKernel {
+  kAuto,    ///< the widest vector kernel this CPU has (the default)
+  kAvx512,  ///< eight rows at a time with AVX-512, prefetching ahead (kBlas without AVX-512)
+  kAvx2,    ///< the same with AVX2 + FMA (kBlas without them)
+  kBlas     ///< LibTorch's matrix-vector product (the system BLAS's sgemv)
+};
+
+/// Chooses the kernel for the whole process (benchmarks compare them); returns the previous choice.
+TORCHPATCH_API DecodeKernel set_decode_kernel(DecodeKernel kernel);
+
+/// y = x @ weight^T + bias, like at::linear. A single row (decoding) streams the weight once through
+/// a matrix-vector kernel, where BLAS's matrix-matrix path would pack the whole weight first.
 TORCHPATCH_API at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
 
 class TORCHPATCH_API Linear : public torch::nn::Module {

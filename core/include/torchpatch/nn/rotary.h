@@ -3,6 +3,8 @@
 
 #include "torchpatch/export.h"
 
+#include <memory>
+#include <mutex>
 #include <utility>
 
 #include <ATen/core/Tensor.h>
@@ -25,7 +27,7 @@ TORCHPATCH_API RopeFrequencies rope_frequencies(const DecoderConfig& config, int
 /// Holds inv_freq (not part of the state dict, as in Hugging Face) and computes cos/sin tables.
 /// The "dynamic" variant recomputes inv_freq when positions pass the longest length seen so far and
 /// returns to the original frequencies when sequences are short again (Hugging Face's
-/// `dynamic_rope_update`); that makes forward stateful, so one embedding serves one thread at a time.
+/// `dynamic_rope_update`); that state is guarded, so threads may share one embedding.
 class TORCHPATCH_API RotaryEmbedding {
  public:
   RotaryEmbedding() = default;
@@ -38,12 +40,14 @@ class TORCHPATCH_API RotaryEmbedding {
   double attention_scaling() const { return freq_.attention_scaling; }
 
  private:
-  void dynamic_update(int64_t seq_len);
+  /// Grows or resets the dynamic frequencies for `seq_len` positions; returns the ones to use.
+  RopeFrequencies dynamic_update(int64_t seq_len);
 
   DecoderConfig config_;
   RopeFrequencies freq_;
   RopeFrequencies original_;
   int64_t max_seq_len_cached_ = 0;
+  std::shared_ptr<std::mutex> dynamic_mutex_;
 };
 
 /// x [B, heads, Q, hd] rotated by cos/sin [B, Q, rot_dim] (half-split rotate_half); dimensions past
