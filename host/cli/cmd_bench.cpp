@@ -1,7 +1,8 @@
 // torchpatch bench: decode and prefill speed of a model against this machine's own limits, measured
 // in the same run: decode tokens/s as a fraction of what memory bandwidth allows (every weight read
 // once per token), prefill as a fraction of the float32 matmul rate. With and without
-// FusedQKVAttention when the plugin is there.
+// FusedQKVAttention when the plugin is there; for MoE models also the eager experts,
+// SequentialExperts and a naive all-experts loop.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -18,6 +19,8 @@
 #include "torchpatch/generation/generate.h"
 #include "torchpatch/models/auto.h"
 #include "torchpatch/nn/linear.h"
+#include "torchpatch/nn/mlp.h"
+#include "torchpatch/nn/moe.h"
 #include "torchpatch/patching/registry.h"
 #include "torchpatch/patching/scope.h"
 
@@ -56,15 +59,24 @@ double matmul_rate(int repeats) {
   return 2.0 * static_cast<double>(n * n * n) / seconds;
 }
 
+// The share of a parameter one token uses: top_k / num_experts for routed experts, else all of it.
+double active_share(const PretrainedModel& model, const std::string& name) {
+  const auto& moe = model.config().decoder.moe;
+  const bool routed = name.find(".mlp.experts.") != std::string::npos;
+  return routed && moe.num_experts > 0
+             ? static_cast<double>(moe.num_experts_per_tok) / static_cast<double>(moe.num_experts)
+             : 1.0;
+}
+
 // Bytes a decode step reads: every parameter except the embedding table (one row per token), which
-// still counts when the language-model head shares it.
+// still counts when the language-model head shares it; of routed experts, only the chosen ones.
 double weight_bytes_per_token(const PretrainedModel& model) {
   std::set<const void*> seen;
   double bytes = 0;
   for (const auto& p : model.named_parameters()) {
     if (p.key().find("embed_tokens") != std::string::npos) continue;
     if (!seen.insert(p.value().data_ptr()).second) continue;
-    bytes += static_cast<double>(p.value().numel() * p.value().element_size());
+    bytes += static_cast<double>(p.value().numel() * p.value().element_size()) * active_share(model, p.key());
   }
   return bytes;
 }
@@ -75,8 +87,8 @@ double prefill_flops(const PretrainedModel& model, int64_t tokens) {
   const auto& d = model.config().decoder;
   double flops = 0;
   for (const auto& p : model.named_parameters()) {
-    if (p.value().dim() == 2 && p.key().find(".layers.") != std::string::npos) {
-      flops += 2.0 * static_cast<double>(tokens * p.value().numel());
+    if (p.value().dim() >= 2 && p.key().find(".layers.") != std::string::npos) {
+      flops += 2.0 * static_cast<double>(tokens * p.value().numel()) * active_share(model, p.key());
     }
   }
   const double t = static_cast<double>(tokens);
@@ -106,15 +118,32 @@ Measurement measure(const std::string& variant, PretrainedModel& model, int64_t 
   return m;
 }
 
-// The attention patch point of the model's layers, e.g. "LlamaAttention".
-std::string attention_key(const PretrainedModel& model) {
+// The key of the patch points whose path ends in `suffix`, e.g. "LlamaAttention" for "self_attn".
+std::string key_of(const PretrainedModel& model, const std::string& suffix) {
   for (const auto& point : model.patch_points()) {
-    if (point.path.size() > 9 && point.path.compare(point.path.size() - 9, 9, "self_attn") == 0) {
+    const auto& path = point.path;
+    if (path.size() > suffix.size() && path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0) {
       return point.module->patch_record().key;
     }
   }
   return "";
 }
+
+// The benchmark's baseline for MoE: every expert runs on every token, weighted by the routing
+// (zero for experts not chosen), one expert after another.
+class NaiveAllExperts : public nn::FusedExperts {
+ public:
+  using nn::FusedExperts::FusedExperts;
+  at::Tensor forward(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights) override {
+    auto out = at::zeros_like(hidden);
+    for (int64_t e = 0; e < num_experts; ++e) {
+      auto gate_up = at::linear(hidden, gate_up_proj[e]).chunk(2, -1);
+      auto y = at::linear(nn::activation(hidden_act, gate_up[0]) * gate_up[1], down_proj[e]);
+      out = out + y * (weights * (indices == e)).sum(-1, /*keepdim=*/true);
+    }
+    return out;
+  }
+};
 
 }  // namespace
 
@@ -164,12 +193,28 @@ int cmd_bench(const std::vector<std::string>& argv) {
     nn::set_decode_kernel(previous);
   }
   const auto fused = host.find_class("FusedQKVAttention");
-  const auto key = attention_key(*built.model);
+  const auto key = key_of(*built.model, "self_attn");
+  const auto experts_key = key_of(*built.model, "mlp.experts");
   if (fused && !args.flag("no-fused") && !args.has("patch") && !key.empty()) {
     built.model.reset();  // one model in memory at a time
     ScopedPatchMapping patch({{key, *fused}});
     BuiltModel patched = build_model(host, model_args);
     results.push_back(measure("FusedQKVAttention", *patched.model, prompt_len, decode_tokens, repeats));
+  }
+  if (!experts_key.empty() && !args.has("patch") && !args.has("experts")) {
+    built.model.reset();
+    auto eager_argv = forwarded;
+    eager_argv.insert(eager_argv.end(), {"--experts", "eager"});
+    results.push_back(measure("eager experts", *build_model(host, Args(specs, eager_argv)).model, prompt_len,
+                              decode_tokens, repeats));
+    if (const auto sequential = host.find_class("SequentialExperts")) {
+      ScopedPatchMapping patch({{experts_key, *sequential}});
+      results.push_back(measure("SequentialExperts", *build_model(host, model_args).model, prompt_len, decode_tokens,
+                                repeats));
+    }
+    ScopedPatchMapping naive({{experts_key, module_class<NaiveAllExperts>("NaiveAllExperts")}});
+    results.push_back(measure("naive: all experts, all tokens", *build_model(host, model_args).model, prompt_len,
+                              decode_tokens, repeats));
   }
 
   const double limit = bandwidth / bytes;  // tokens/s if decoding only streamed the weights
@@ -204,10 +249,10 @@ int cmd_bench(const std::vector<std::string>& argv) {
                            "decode limit {:.1f} tokens/s; prefill of {} tokens = {:.2f} GFLOP\n",
                            built.source, static_cast<double>(parameters) / 1e6, bytes / 1e6, limit, prompt_len,
                            flops / 1e9);
-  std::cout << fmt::format("{:<28} {:>14} {:>12} {:>16} {:>10} {:>12}\n", "variant", "decode tok/s", "of limit",
+  std::cout << fmt::format("{:<32} {:>14} {:>12} {:>16} {:>10} {:>12}\n", "variant", "decode tok/s", "of limit",
                            "prefill tok/s", "GFLOP/s", "of matmul");
   for (const auto& r : rows) {
-    std::cout << fmt::format("{:<28} {:>14.1f} {:>12.2f} {:>16.1f} {:>10.1f} {:>12.2f}\n",
+    std::cout << fmt::format("{:<32} {:>14.1f} {:>12.2f} {:>16.1f} {:>10.1f} {:>12.2f}\n",
                              r["variant"].get<std::string>(), r["decode_tokens_per_second"].get<double>(),
                              r["decode_fraction_of_bandwidth_limit"].get<double>(),
                              r["prefill_tokens_per_second"].get<double>(), r["prefill_gflops"].get<double>(),

@@ -20,6 +20,8 @@ int cmd_run(const std::vector<std::string>& argv) {
                                    "token_type_ids"},
                 {"output", "FILE", "write logits (and hidden_states) to this safetensors file"},
                 {"hidden-states", "", "also write hidden_states [layers+1, B, T, H] to --output"},
+                {"router-outputs", "", "MoE: also write router_logits_layer{i}, selected_experts_layer{i} and "
+                                       "routing_weights_layer{i} (rows b*T+t) to --output"},
                 {"top", "K", "how many next tokens to show per row (default 5)"}});
   const Args args(specs, argv);
   if (args.flag("help")) {
@@ -27,6 +29,7 @@ int cmd_run(const std::vector<std::string>& argv) {
     return 0;
   }
   if (args.flag("hidden-states") && !args.has("output")) throw UsageError("--hidden-states needs --output FILE");
+  if (args.flag("router-outputs") && !args.has("output")) throw UsageError("--router-outputs needs --output FILE");
   int64_t top = 5;
   if (args.has("top")) {
     const auto k = parse_int_list(args.value("top"), "--top");
@@ -35,12 +38,19 @@ int cmd_run(const std::vector<std::string>& argv) {
   }
   ModelInputs inputs = read_model_inputs(args);
   inputs.output_hidden_states = args.flag("hidden-states");
+  const std::vector<std::string> routing{"router_logits", "selected_experts", "routing_weights"};
 
   PluginHost host(PluginHostOptions{args.flag("strict"), args.flag("allow-world-writable")});
   load_plugins(host, args);
   const BuiltModel built = build_model(host, args);
   if (!args.flag("json")) print_load_report(built);
 
+  if (args.flag("router-outputs")) {
+    if (built.model->config().decoder.moe.num_experts == 0) {
+      throw InputError(built.model->class_name() + " has no MoE layers: --router-outputs has nothing to write");
+    }
+    inputs.outputs = routing;
+  }
   at::NoGradGuard no_grad;
   const ModelOutput out = built.model->forward(inputs);
   if (!out.logits.defined()) throw InputError(built.model->class_name() + " has no language-model head: no logits");
@@ -48,6 +58,18 @@ int cmd_run(const std::vector<std::string>& argv) {
   if (args.has("output")) {
     std::vector<std::pair<std::string, at::Tensor>> tensors{{"logits", out.logits.contiguous()}};
     if (args.flag("hidden-states")) tensors.emplace_back("hidden_states", at::stack(out.hidden_states).contiguous());
+    // Named by decoder layer index, as the reference cases name them (dense layers have none).
+    std::vector<int64_t> sparse_layers;
+    const auto& d = built.model->config().decoder;
+    for (int64_t i = 0; i < d.num_hidden_layers; ++i) {
+      if (d.moe.is_sparse_layer(i)) sparse_layers.push_back(i);
+    }
+    for (const auto& name : inputs.outputs) {
+      const auto& per_layer = out.captured.at(name);
+      for (size_t i = 0; i < per_layer.size() && i < sparse_layers.size(); ++i) {
+        tensors.emplace_back(fmt::format("{}_layer{}", name, sparse_layers[i]), per_layer[i].contiguous());
+      }
+    }
     checkpoint::save_safetensors(args.value("output"), tensors);
   }
 

@@ -12,5 +12,6 @@ int cmd_run(const std::vector<std::string>& argv);
 int cmd_save(const std::vector<std::string>& argv);
 int cmd_generate(const std::vector<std::string>& argv);
 int cmd_bench(const std::vector<std::string>& argv);
+int cmd_routing(const std::vector<std::string>& argv);
 
 }  // namespace torchpatch::cli

@@ -20,6 +20,7 @@ commands:
   save      load a model (patched or not) and save it in the hub layout
   generate  generate tokens with a key/value cache (greedy or sampled)
   bench     measure decode and prefill speed against this machine's limits
+  routing   record a MoE model's expert choices (.npy) and replay them in a training pass
 
 Run 'torchpatch <command> --help' for a command's options.
 )";
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
     if (command == "save") return cmd_save(rest);
     if (command == "generate") return cmd_generate(rest);
     if (command == "bench") return cmd_bench(rest);
+    if (command == "routing") return cmd_routing(rest);
     std::cerr << "torchpatch: unknown command '" << command << "'\n\n" << kUsage;
     return 2;
   } catch (const UsageError& e) {

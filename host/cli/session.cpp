@@ -32,6 +32,7 @@ std::vector<OptionSpec> model_options() {
                 {"preset", "NAME", fmt::format("built-in model with fixed random weights ({})", fmt::join(preset_names(), ", "))},
                 {"patch", "KEY=CLASS", "replace patch point KEY (class name or regex) with CLASS", true},
                 {"dtype", "TYPE", "parameter dtype: float32 (default), bfloat16 or float16"},
+                {"experts", "IMPL", "MoE experts implementation: grouped (default) or eager"},
                 {"allow-incomplete", "", "load a checkpoint with missing, unexpected or mismatched tensors and report them"}});
   return specs;
 }
@@ -67,11 +68,24 @@ BuiltModel build_model(PluginHost& host, const Args& args) {
     else throw UsageError("--dtype: '" + name + "' is not one of float32, bfloat16, float16");
   }
 
+  nlohmann::json overrides = nlohmann::json::object();
+  if (args.has("experts")) {
+    const auto impl = args.value("experts");
+    if (impl != "grouped" && impl != "eager") throw UsageError("--experts: '" + impl + "' is not one of grouped, eager");
+    overrides["experts_implementation"] = impl;
+  }
+
   BuiltModel built;
   ApplyPatches scope;
   if (args.has("preset")) {
     built.source = "preset " + args.value("preset");
-    built.model = construct_model(preset_config(args.value("preset")));
+    auto config = preset_config(args.value("preset"));
+    if (!overrides.empty()) {
+      auto raw = config.raw;
+      raw.update(overrides);
+      config = ModelConfig::from_json(raw, built.source);
+    }
+    built.model = construct_model(config);
     init_random_weights(*built.model, /*seed=*/0);
     if (dtype) built.model->to(*dtype);
   } else {
@@ -80,6 +94,7 @@ BuiltModel build_model(PluginHost& host, const Args& args) {
     PretrainedOptions options;
     options.dtype = dtype;
     options.strict = !args.flag("allow-incomplete");
+    options.config_overrides = overrides;
     built.report.emplace();
     built.model = from_pretrained(dir, options, &*built.report);  // inside `scope`, so it records the matches
   }

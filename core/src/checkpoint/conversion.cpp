@@ -25,8 +25,19 @@ std::mutex& registry_mutex() {
 }
 
 std::map<std::string, RegistryEntry>& registry() {
-  // Hugging Face's defaults for the families here: only "legacy" renamings (old BERT names).
+  // Hugging Face's defaults for the families here: the MoE experts' fusion and the "legacy"
+  // renamings (old BERT names).
+  // qwen2_moe / qwen3_moe: per-expert hub weights fused into stacked [E, ...] parameters on load.
+  const ConversionFactory moe_experts = [](const ModelConfig&) {
+    return ConversionRules{
+        WeightConverter{{"mlp.experts.*.gate_proj.weight", "mlp.experts.*.up_proj.weight"},
+                        {"mlp.experts.gate_up_proj"},
+                        {MergeModulelist(0), Concatenate(1)}},
+        WeightConverter{{"mlp.experts.*.down_proj.weight"}, {"mlp.experts.down_proj"}, {MergeModulelist(0)}}};
+  };
   static std::map<std::string, RegistryEntry> entries{
+      {"qwen2_moe", {moe_experts, Origin{}}},
+      {"qwen3_moe", {moe_experts, Origin{}}},
       {"legacy",
        {[](const ModelConfig&) {
           return ConversionRules{WeightRenaming{"LayerNorm.gamma", "LayerNorm.weight"},
@@ -152,6 +163,7 @@ std::string render_target(const std::string& target, const boost::smatch& match)
 
 struct ConversionPlan::Compiled {
   std::string prefix;  // "" or "model.layers.0.self_attn."
+  bool exclusive = false;
   ConversionRules rules;
   std::vector<std::vector<boost::regex>> sources;  // per rule, per source pattern
 };
@@ -160,6 +172,7 @@ ConversionPlan::ConversionPlan(std::vector<ScopedRules> scoped) {
   for (auto& s : scoped) {
     auto c = std::make_unique<Compiled>();
     c->prefix = s.prefix.empty() ? "" : s.prefix + ".";
+    c->exclusive = s.exclusive;
     for (auto& rule : s.rules) {
       std::vector<boost::regex> rx;
       if (const auto* r = std::get_if<WeightRenaming>(&rule)) {
@@ -192,10 +205,19 @@ bool ConversionPlan::empty() const {
 }
 
 ConversionPlan::Route ConversionPlan::route(const std::string& key) const {
+  // The innermost exclusive scope holding the key shuts out the scopes around it.
+  const Compiled* owner = nullptr;
+  for (const auto& c : compiled_) {
+    if (c->exclusive && key.compare(0, c->prefix.size(), c->prefix) == 0 &&
+        (!owner || c->prefix.size() > owner->prefix.size())) {
+      owner = c.get();
+    }
+  }
+  auto shut_out = [&](const Compiled& c) { return owner && &c != owner && c.prefix.size() < owner->prefix.size(); };
   std::string current = key;
   // Renamings, chained, each within its scope.
   for (const auto& c : compiled_) {
-    if (current.compare(0, c->prefix.size(), c->prefix) != 0) continue;
+    if (shut_out(*c) || current.compare(0, c->prefix.size(), c->prefix) != 0) continue;
     for (std::size_t r = 0; r < c->rules.size(); ++r) {
       const auto* renaming = std::get_if<WeightRenaming>(&c->rules[r]);
       if (!renaming) continue;
@@ -209,7 +231,7 @@ ConversionPlan::Route ConversionPlan::route(const std::string& key) const {
   }
   // Then the first converter that matches.
   for (const auto& c : compiled_) {
-    if (current.compare(0, c->prefix.size(), c->prefix) != 0) continue;
+    if (shut_out(*c) || current.compare(0, c->prefix.size(), c->prefix) != 0) continue;
     const std::string rel = current.substr(c->prefix.size());
     for (std::size_t r = 0; r < c->rules.size(); ++r) {
       const auto* conv = std::get_if<WeightConverter>(&c->rules[r]);

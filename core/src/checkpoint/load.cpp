@@ -25,7 +25,7 @@ std::vector<ScopedRules> model_conversion_rules(const PretrainedModel& model, bo
   // A replacement's rules follow it: they apply under every module of its class.
   for (const auto& point : model.patch_points()) {
     if (auto own = get_checkpoint_conversion_mapping(point.module->patch_record().class_name, config)) {
-      rules.push_back({point.path, std::move(*own)});
+      rules.push_back({point.path, std::move(*own), /*exclusive=*/true});
     }
   }
   if (add_legacy) {
@@ -235,7 +235,7 @@ LoadReport load_weights(PretrainedModel& model, const Checkpoint& ckpt, const Lo
 std::vector<std::pair<std::string, at::Tensor>> hub_state_dict(const PretrainedModel& model) {
   std::vector<ScopedRules> reversed;
   for (auto& scoped : model_conversion_rules(model, /*add_legacy=*/false)) {
-    ScopedRules r{scoped.prefix, {}};
+    ScopedRules r{scoped.prefix, {}, scoped.exclusive};
     for (const auto& rule : scoped.rules) r.rules.push_back(reverse_transform(rule));
     reversed.push_back(std::move(r));
   }

@@ -115,6 +115,7 @@ GenerationOutput generate(PretrainedModel& model, const at::Tensor& input_ids, c
   // max_new_tokens that stops early at eos does not hold memory it never used.
   in.past_key_values->reserve(prompt + std::min<int64_t>(config.max_new_tokens, 1024));
   in.logits_to_keep = 1;
+  in.outputs = config.outputs;
   if (mask.defined()) {
     in.attention_mask = mask.to(at::kLong);
     in.position_ids = positions_from_mask(in.attention_mask);
@@ -130,6 +131,7 @@ GenerationOutput generate(PretrainedModel& model, const at::Tensor& input_ids, c
     }
     auto logits = result.logits.select(1, result.logits.size(1) - 1);  // [B, V]
     if (config.output_logits) out.logits.push_back(logits.to(at::kFloat).clone());
+    if (!config.outputs.empty()) out.captured.push_back(result.captured);
     at::Tensor next;
     if (config.do_sample) {
       next = at::multinomial(process_logits(logits, config).softmax(-1), 1, false, generator).squeeze(1);

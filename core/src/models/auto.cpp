@@ -17,7 +17,7 @@ namespace torchpatch {
 const std::map<std::string, FamilyEntry>& families() {
   static const std::map<std::string, FamilyEntry> all = [] {
     std::map<std::string, FamilyEntry> m;
-    for (auto family : {llama_family(), mistral_family(), qwen2_family()}) m.emplace(family.model_type, std::move(family));
+    for (auto family : {llama_family(), mistral_family(), qwen2_family(), qwen2_moe_family(), qwen3_moe_family()}) m.emplace(family.model_type, std::move(family));
     return m;
   }();
   return all;
@@ -57,7 +57,12 @@ std::shared_ptr<PretrainedModel> from_config(const ModelConfig& config) {
 
 std::shared_ptr<PretrainedModel> from_pretrained(const std::filesystem::path& dir, const PretrainedOptions& options,
                                                  checkpoint::LoadReport* report) {
-  const auto config = ModelConfig::from_file(dir);
+  auto config = ModelConfig::from_file(dir);
+  if (!options.config_overrides.empty()) {
+    auto raw = config.raw;
+    raw.update(options.config_overrides);
+    config = ModelConfig::from_json(raw, (dir / "config.json").string() + " (with overrides)");
+  }
   const auto weights = checkpoint::Checkpoint::open(std::filesystem::is_directory(dir) ? dir : dir.parent_path());
   std::shared_ptr<PretrainedModel> model;
   {
@@ -87,6 +92,12 @@ const std::vector<std::pair<std::string, nlohmann::json>>& presets() {
          with(tiny, {{"architectures", {"MistralForCausalLM"}}, {"model_type", "mistral"}, {"sliding_window", 8}})},
         {"tiny-qwen2", with(tiny, {{"architectures", {"Qwen2ForCausalLM"}}, {"model_type", "qwen2"},
                                    {"use_sliding_window", true}, {"sliding_window", 8}, {"max_window_layers", 1}})},
+        {"qwen2-moe-125m",
+         {{"architectures", {"Qwen2MoeForCausalLM"}}, {"model_type", "qwen2_moe"}, {"vocab_size", 32000},
+          {"hidden_size", 512}, {"intermediate_size", 1408}, {"num_hidden_layers", 8}, {"num_attention_heads", 8},
+          {"num_key_value_heads", 8}, {"max_position_embeddings", 2048}, {"rms_norm_eps", 1e-6},
+          {"num_experts", 16}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 384},
+          {"shared_expert_intermediate_size", 768}, {"norm_topk_prob", false}, {"rope_theta", 1000000.0}}},
         {"llama-125m",
          {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", 32000}, {"hidden_size", 768},
           {"intermediate_size", 2048}, {"num_hidden_layers", 12}, {"num_attention_heads", 12},

@@ -132,8 +132,9 @@ void read_layer_types(const json& j, const FieldReader& f, const FamilyEntry& fa
     d.sliding_window.reset();
     return;
   }
-  if (family.sliding == Sliding::kAll) {
-    d.sliding_window = read_window(j, f, family.defaults.sliding_window);
+  if (family.sliding == Sliding::kAll || family.sliding == Sliding::kAllWhenUsed) {
+    const bool used = family.sliding == Sliding::kAll || f.boolean("use_sliding_window", false);
+    d.sliding_window = used ? read_window(j, f, family.defaults.sliding_window) : std::nullopt;
     if (d.sliding_window) d.layer_types.assign(d.num_hidden_layers, kSlidingAttention);
     return;
   }
@@ -165,6 +166,42 @@ void read_layer_types(const json& j, const FieldReader& f, const FamilyEntry& fa
   for (int64_t i = 0; i < d.num_hidden_layers; ++i) {
     if (d.sliding_window && i >= first_sliding) d.layer_types[i] = kSlidingAttention;
   }
+}
+
+MoeConfig read_moe(const json& j, const FieldReader& f, const MoeConfig& defaults, const DecoderConfig& d,
+                   const std::string& source) {
+  MoeConfig moe;
+  moe.num_experts = f.positive("num_experts", defaults.num_experts);
+  moe.num_experts_per_tok = f.positive("num_experts_per_tok", defaults.num_experts_per_tok);
+  if (moe.num_experts_per_tok > moe.num_experts) {
+    throw ConfigError(fmt::format("{}: num_experts_per_tok {} is more than num_experts {}", source,
+                                  moe.num_experts_per_tok, moe.num_experts));
+  }
+  moe.moe_intermediate_size = f.positive("moe_intermediate_size", defaults.moe_intermediate_size);
+  moe.shared_expert_intermediate_size =
+      defaults.shared_expert_intermediate_size > 0
+          ? f.positive("shared_expert_intermediate_size", defaults.shared_expert_intermediate_size)
+          : 0;
+  moe.norm_topk_prob = f.boolean("norm_topk_prob", defaults.norm_topk_prob);
+  moe.decoder_sparse_step = f.positive("decoder_sparse_step", defaults.decoder_sparse_step);
+  moe.router_aux_loss_coef = f.number("router_aux_loss_coef", defaults.router_aux_loss_coef);
+  if (f.has("mlp_only_layers")) {
+    const auto& layers = j.at("mlp_only_layers");
+    if (!layers.is_array()) throw ConfigError(fmt::format("{}: field 'mlp_only_layers' must be a list", source));
+    for (const auto& layer : layers) {
+      if (!layer.is_number_integer() || layer.get<int64_t>() < 0 || layer.get<int64_t>() >= d.num_hidden_layers) {
+        throw ConfigError(fmt::format("{}: mlp_only_layers holds {}, not a layer index below {}", source, layer.dump(),
+                                      d.num_hidden_layers));
+      }
+      moe.mlp_only_layers.push_back(layer.get<int64_t>());
+    }
+  }
+  moe.experts_implementation = f.string("experts_implementation", defaults.experts_implementation);
+  if (moe.experts_implementation != "grouped" && moe.experts_implementation != "eager") {
+    throw ConfigError(fmt::format("{}: experts_implementation '{}' is not one of grouped, eager", source,
+                                  moe.experts_implementation));
+  }
+  return moe;
 }
 
 std::vector<int64_t> read_token_ids(const json& j, const char* key, const std::string& source) {
@@ -227,12 +264,19 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   if (f.has("pad_token_id")) d.pad_token_id = f.integer("pad_token_id", 0);
   d.eos_token_ids = read_token_ids(j, "eos_token_id", source);
   read_layer_types(j, f, family, d, source);
+  d.qk_norm = defaults.qk_norm;
+  if (family.moe) d.moe = read_moe(j, f, defaults.moe, d, source);
   d.rope = read_rope(j, source);
   if (d.rope.partial_rotary_factor <= 0 || d.rope.partial_rotary_factor > 1) {
     throw ConfigError(fmt::format("{}: partial_rotary_factor must be in (0, 1], got {}", source,
                                   d.rope.partial_rotary_factor));
   }
   return config;
+}
+
+bool MoeConfig::is_sparse_layer(int64_t layer_idx) const {
+  const bool listed = std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer_idx) != mlp_only_layers.end();
+  return num_experts > 0 && !listed && (layer_idx + 1) % decoder_sparse_step == 0;
 }
 
 int64_t DecoderConfig::max_positions() const {

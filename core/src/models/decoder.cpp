@@ -1,11 +1,16 @@
 #include "torchpatch/models/decoder.h"
 
+#include <algorithm>
+#include <optional>
+
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
 #include "torchpatch/error.h"
 #include "torchpatch/generation/cache.h"
+#include "torchpatch/nn/losses.h"
 #include "torchpatch/nn/masks.h"
+#include "torchpatch/patching/outputs.h"
 #include "torchpatch/patching/build.h"
 
 namespace torchpatch {
@@ -91,6 +96,14 @@ DecoderModel::DecoderModel(const ModelConfig& config, const DecoderFamily& famil
 }
 
 ModelOutput DecoderModel::forward(const ModelInputs& in) {
+  if (!in.outputs.empty()) {
+    CaptureOutputs capture(class_name(), in.outputs);
+    ModelInputs inner = in;
+    inner.outputs.clear();
+    auto out = forward(inner);
+    out.captured = capture.take();
+    return out;
+  }
   const auto& d = config().decoder;
   auto cache = in.past_key_values;
   if (!cache && in.use_cache) cache = std::make_shared<DynamicCache>(d);
@@ -159,10 +172,28 @@ DecoderForCausalLM::DecoderForCausalLM(const ModelConfig& config, const DecoderF
 
 ModelOutput DecoderForCausalLM::forward(const ModelInputs& in) {
   if (in.logits_to_keep < 0) throw InputError(fmt::format("logits_to_keep: must be >= 0, got {}", in.logits_to_keep));
-  auto out = model->forward(in);
+  const auto& moe = config().decoder.moe;
+  const bool aux = in.output_router_logits && moe.num_experts > 0;
+  auto names = in.outputs;
+  if (aux && std::find(names.begin(), names.end(), "router_logits") == names.end()) names.push_back("router_logits");
+  std::optional<CaptureOutputs> capture;  // recorders are looked up by this class, the outer one
+  if (!names.empty()) capture.emplace(class_name(), names);
+  ModelInputs inner = in;
+  inner.outputs.clear();
+  auto out = model->forward(inner);
+  if (capture) out.captured = capture->take();
+  if (aux) {
+    out.aux_loss = nn::load_balancing_loss(out.captured.at("router_logits"), moe.num_experts, moe.num_experts_per_tok,
+                                           in.attention_mask);
+  }
   const int64_t len = out.last_hidden_state.size(1);
   const int64_t keep = in.logits_to_keep == 0 ? len : std::min(in.logits_to_keep, len);
   out.logits = lm_head->forward(out.last_hidden_state.narrow(1, len - keep, keep));
+  if (in.labels.defined()) {
+    if (keep != len) throw InputError("labels: need logits for every position (logits_to_keep 0)");
+    out.loss = nn::causal_lm_loss(out.logits, in.labels);
+    if (out.aux_loss.defined()) out.loss = out.loss + moe.router_aux_loss_coef * out.aux_loss;
+  }
   return out;
 }
 

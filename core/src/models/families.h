@@ -9,6 +9,7 @@
 #include "torchpatch/models/config.h"
 #include "torchpatch/models/decoder.h"
 #include "torchpatch/nn/decoder_layer.h"
+#include "torchpatch/nn/moe.h"
 #include "torchpatch/models/pretrained.h"
 #include "torchpatch/patching/module_class.h"
 
@@ -20,7 +21,8 @@ struct FamilyEntry {
   enum class SlidingLayers {
     kNone,          ///< Llama: no sliding window
     kAll,           ///< Mistral: every layer when `sliding_window` is set
-    kFromMaxWindow  ///< Qwen2: `use_sliding_window`, then `layer_types` or layers >= `max_window_layers`
+    kFromMaxWindow,  ///< Qwen2: `use_sliding_window`, then `layer_types` or layers >= `max_window_layers`
+    kAllWhenUsed     ///< Qwen3-MoE: every layer when `use_sliding_window`
   };
   /// Where attention and MLP biases come from.
   enum class Biases {
@@ -32,6 +34,7 @@ struct FamilyEntry {
   DecoderConfig defaults;
   SlidingLayers sliding = SlidingLayers::kNone;
   Biases biases = Biases::kFromConfig;
+  bool moe = false;  ///< reads the MoeConfig fields
   std::string default_class;  ///< built when config.json names no known architecture
   std::map<std::string, std::function<std::shared_ptr<PretrainedModel>(const ModelConfig&)>> classes;
 };
@@ -63,6 +66,16 @@ void add_decoder_builtins(std::map<std::string, ModuleClass>& classes, const Dec
   }
 }
 
+/// Registers a MoE family's sparse block, router and experts under their keys.
+template <class Block, class Router, class Experts>
+void add_moe_builtins(std::map<std::string, ModuleClass>& classes, const nn::DecoderLayerKeys& layer,
+                      const nn::SparseMoeKeys& sparse) {
+  for (auto cls : {module_class<Block>(layer.sparse_block), module_class<Router>(sparse.router),
+                   module_class<Experts>(sparse.experts)}) {
+    classes.emplace(cls.name, cls);
+  }
+}
+
 // Per-family contributions.
 FamilyEntry llama_family();
 void add_llama_builtins(std::map<std::string, ModuleClass>& classes);
@@ -70,5 +83,9 @@ FamilyEntry mistral_family();
 void add_mistral_builtins(std::map<std::string, ModuleClass>& classes);
 FamilyEntry qwen2_family();
 void add_qwen2_builtins(std::map<std::string, ModuleClass>& classes);
+FamilyEntry qwen2_moe_family();
+void add_qwen2_moe_builtins(std::map<std::string, ModuleClass>& classes);
+FamilyEntry qwen3_moe_family();
+void add_qwen3_moe_builtins(std::map<std::string, ModuleClass>& classes);
 
 }  // namespace torchpatch

@@ -6,6 +6,7 @@
 
 #include "torchpatch/generation/cache.h"
 #include "torchpatch/models/config.h"
+#include "torchpatch/nn/rms_norm.h"
 #include "torchpatch/nn/rotary.h"
 
 namespace torchpatch::nn {
@@ -21,7 +22,8 @@ at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   auto query = q.reshape({b, kv_heads, groups * len, hd});
   auto scores = (at::matmul(query, k.transpose(2, 3)) * scaling).view({b, heads, len, kv_len});  // [B, nH, Q, KV]
   if (mask.defined()) scores = scores + mask;
-  auto probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+  // Softmax in at least float32 (float64 stays float64: its mask's lowest value has no float32 form).
+  auto probs = at::softmax(scores, -1, reduction_type(q.scalar_type())).to(q.scalar_type());
   auto out = at::matmul(probs.view({b, kv_heads, groups * len, kv_len}), v);  // [B, nKV, groups*Q, hd]
   return out.view({b, heads, len, hd}).transpose(1, 2).contiguous();          // [B, Q, nH, hd]
 }
@@ -43,6 +45,21 @@ GqaAttention::GqaAttention(const BuildContext& ctx)
 at::Tensor GqaAttention::forward(const at::Tensor& hidden, const AttentionInputs& inputs) {
   return o_proj->forward(grouped_query_attention(q_proj->forward(hidden), k_proj->forward(hidden), v_proj->forward(hidden),
                                                  inputs, shape()));
+}
+
+QkNormAttention::QkNormAttention(const BuildContext& ctx) : GqaAttention(ctx) {
+  const auto eps = ctx.config.decoder.rms_norm_eps;
+  q_norm = register_module("q_norm", std::make_shared<RmsNorm>(head_dim, eps));
+  k_norm = register_module("k_norm", std::make_shared<RmsNorm>(head_dim, eps));
+}
+
+at::Tensor QkNormAttention::forward(const at::Tensor& hidden, const AttentionInputs& inputs) {
+  const auto b = hidden.size(0), len = hidden.size(1);
+  // Normalise each head's vector: [B, Q, heads, hd] over hd.
+  auto q = q_norm->forward(q_proj->forward(hidden).view({b, len, num_heads, head_dim}));
+  auto k = k_norm->forward(k_proj->forward(hidden).view({b, len, num_key_value_heads, head_dim}));
+  return o_proj->forward(grouped_query_attention(q.reshape({b, len, -1}), k.reshape({b, len, -1}),
+                                                 v_proj->forward(hidden), inputs, shape()));
 }
 
 at::Tensor grouped_query_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

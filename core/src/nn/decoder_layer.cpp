@@ -1,5 +1,6 @@
 #include "torchpatch/nn/decoder_layer.h"
 
+#include "torchpatch/models/config.h"
 #include "torchpatch/patching/build.h"
 
 namespace torchpatch::nn {
@@ -7,7 +8,8 @@ namespace torchpatch::nn {
 PreNormDecoderLayer::PreNormDecoderLayer(const BuildContext& ctx, const DecoderLayerKeys& keys) {
   auto child = [&](const char* name) { return BuildContext{ctx.config, ctx.layer_idx, ctx.path + "." + name}; };
   self_attn = register_module("self_attn", build<roles::Attention>(keys.attention, child("self_attn")));
-  mlp = register_module("mlp", build<roles::Mlp>(keys.mlp, child("mlp")));
+  const bool sparse = !keys.sparse_block.empty() && ctx.config.decoder.moe.is_sparse_layer(ctx.layer_idx);
+  mlp = register_module("mlp", build<roles::Mlp>(sparse ? keys.sparse_block : keys.mlp, child("mlp")));
   input_layernorm = register_module("input_layernorm", build<roles::Norm>(keys.norm, child("input_layernorm")));
   post_attention_layernorm = register_module(
       "post_attention_layernorm", build<roles::Norm>(keys.norm, child("post_attention_layernorm")));

@@ -16,7 +16,8 @@ at::Tensor activation(const std::string& name, const at::Tensor& x) {
   throw ConfigError(fmt::format("hidden_act: unsupported activation '{}'", name));
 }
 
-GatedMlp::GatedMlp(const BuildContext& ctx) : GatedMlp(ctx, ctx.config.decoder.intermediate_size) {}
+GatedMlp::GatedMlp(const BuildContext& ctx)
+    : GatedMlp(ctx, ctx.intermediate_size > 0 ? ctx.intermediate_size : ctx.config.decoder.intermediate_size) {}
 
 GatedMlp::GatedMlp(const BuildContext& ctx, int64_t intermediate_size)
     : hidden_act(ctx.config.decoder.hidden_act) {

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "torchpatch/models/config.h"
+#include "torchpatch/nn/linear.h"
 
 namespace torchpatch::nn {
 
@@ -15,7 +16,7 @@ RmsNorm::RmsNorm(const BuildContext& ctx)
 
 at::Tensor RmsNorm::forward(const at::Tensor& x) {
   const auto input_dtype = x.scalar_type();
-  auto h = x.to(at::kFloat);
+  auto h = x.to(reduction_type(input_dtype));
   h = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + variance_epsilon);
   return weight * h.to(input_dtype);  // cast before the weight, as Hugging Face does
 }

@@ -16,6 +16,8 @@ Attention::~Attention() = default;
 Mlp::~Mlp() = default;
 Norm::~Norm() = default;
 DecoderLayer::~DecoderLayer() = default;
+Router::~Router() = default;
+Experts::~Experts() = default;
 }  // namespace roles
 
 std::string Origin::describe() const {
@@ -29,6 +31,8 @@ const std::map<std::string, ModuleClass>& builtin_classes() {
     add_llama_builtins(all);
     add_mistral_builtins(all);
     add_qwen2_builtins(all);
+    add_qwen2_moe_builtins(all);
+    add_qwen3_moe_builtins(all);
     return all;
   }();
   return classes;
@@ -113,7 +117,7 @@ std::shared_ptr<PatchableModule> build_module(const std::string& key, const char
     throw PatchError(fmt::format("patch point '{}' at {}: factory of '{}' returned null", key, ctx.path,
                                  cls->name));
   }
-  module->set_patch_record(PatchRecord{key, cls->name, rule, cls->origin});
+  module->set_patch_record(PatchRecord{key, cls->name, rule, cls->origin, ctx.path});
   return module;
 }
 

@@ -96,6 +96,10 @@ TORCHPATCH_API std::optional<Origin> conversion_mapping_origin(const std::string
 struct TORCHPATCH_API ScopedRules {
   std::string prefix;
   ConversionRules rules;
+  /// Keys under `prefix` see only these rules, none from scopes around them: a replacement
+  /// with rules of its own (even none) decides its weights' layout, e.g. per-expert weights kept
+  /// as they are on the hub where the model's rules would fuse them.
+  bool exclusive = false;
 };
 
 /// Natural order of dotted keys: numeric segments compare as numbers (expert 10 after expert 9).

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <string>
 #include <optional>
 #include <vector>
 
@@ -32,12 +34,15 @@ struct TORCHPATCH_API GenerationConfig {
   std::vector<int64_t> eos_token_ids;  ///< a row stops after producing one of these (empty = never)
   int64_t pad_token_id = 0;  ///< what a stopped row gets while others go on
   bool output_logits = false;  ///< keep each step's raw next-token logits
+  std::vector<std::string> outputs;  ///< named outputs to capture at every step (see ModelInputs::outputs)
   std::function<void(const GenerationProgress&)> on_step;  ///< called after each generated token
 };
 
 struct TORCHPATCH_API GenerationOutput {
   at::Tensor sequences;            ///< [B, prompt + new] int64: the prompt (as given, padding included), then new tokens
   std::vector<at::Tensor> logits;  ///< per step, [B, V] float (with output_logits)
+  /// Per step (0 = the prompt), the captured outputs by name (with GenerationConfig::outputs).
+  std::vector<std::map<std::string, std::vector<at::Tensor>>> captured;
   int64_t prompt_tokens = 0;       ///< B * prompt length
   int64_t new_tokens = 0;          ///< tokens generated per row
   double prefill_seconds = 0;      ///< first forward over the prompts, and the first token

@@ -31,6 +31,8 @@ struct TORCHPATCH_API PretrainedOptions {
   std::optional<c10::ScalarType> dtype;
   /// See checkpoint::LoadOptions: non-strict loading leaves what is missing initialised.
   bool strict = true;
+  /// config.json fields to set before building, e.g. {"experts_implementation": "eager"}.
+  nlohmann::json config_overrides = nlohmann::json::object();
 };
 
 /// Reads `dir/config.json` and the weights (`model.safetensors` or shards with

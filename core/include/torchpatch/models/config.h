@@ -35,6 +35,24 @@ struct TORCHPATCH_API RopeParameters {
 inline constexpr const char* kFullAttention = "full_attention";
 inline constexpr const char* kSlidingAttention = "sliding_attention";
 
+/// Mixture-of-experts fields (Qwen2-MoE, Qwen3-MoE); num_experts 0 = a dense model.
+struct TORCHPATCH_API MoeConfig {
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 0;       ///< top-k
+  int64_t moe_intermediate_size = 0;     ///< each expert's width
+  int64_t shared_expert_intermediate_size = 0;  ///< 0 = no shared expert (Qwen3-MoE)
+  bool norm_topk_prob = false;           ///< renormalise the top-k probabilities to sum to 1
+  int64_t decoder_sparse_step = 1;       ///< layer i is sparse when (i + 1) % step == 0 ...
+  std::vector<int64_t> mlp_only_layers;  ///< ... and i is not listed here
+  double router_aux_loss_coef = 0.001;
+  /// How the built-in experts run: "grouped" (tokens gathered per chosen expert, the default) or
+  /// "eager" (Hugging Face's reference loop over experts).
+  std::string experts_implementation = "grouped";
+
+  /// Whether decoder layer `layer_idx` has a sparse block.
+  bool is_sparse_layer(int64_t layer_idx) const;
+};
+
 /// The fields every decoder-only family here shares (Llama, Mistral, Qwen2 and the MoE families).
 struct TORCHPATCH_API DecoderConfig {
   int64_t vocab_size = 32000;
@@ -59,6 +77,9 @@ struct TORCHPATCH_API DecoderConfig {
   std::optional<int64_t> sliding_window;
   /// One entry per layer: kFullAttention or kSlidingAttention.
   std::vector<std::string> layer_types;
+  /// Per-head RMSNorm of queries and keys before RoPE (Qwen3).
+  bool qk_norm = false;
+  MoeConfig moe;
 
   /// Longest sequence the positions support: max_position_embeddings; times `factor` for linear
   /// RoPE; original_max_position_embeddings times `factor` for yarn and llama3 when larger; no limit

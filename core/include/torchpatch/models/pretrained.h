@@ -31,6 +31,14 @@ struct TORCHPATCH_API ModelInputs {
   bool use_cache = false;
   /// Logits for the last N positions only (0 = all); generation needs just the last one.
   int64_t logits_to_keep = 0;
+  /// Named outputs to capture (Hugging Face's `output_<name>=True`), e.g. "router_logits" or a name
+  /// added with register_output_recorder; each must have a recorder for this model class.
+  std::vector<std::string> outputs;
+  /// Next-token targets [B, T] (-100 = ignore): the output then has `loss`.
+  at::Tensor labels;
+  /// MoE models: capture router logits and compute the load-balancing `aux_loss` (added to `loss`
+  /// times router_aux_loss_coef when labels are given).
+  bool output_router_logits = false;
 };
 
 /// What a forward pass returns; tensors a model does not produce stay undefined.
@@ -39,6 +47,11 @@ struct TORCHPATCH_API ModelOutput {
   at::Tensor last_hidden_state;           ///< [B, T, H]
   std::vector<at::Tensor> hidden_states;  ///< L+1 entries when asked (Hugging Face convention)
   std::shared_ptr<DynamicCache> past_key_values;  ///< the cache, when one was given or use_cache was set
+  /// Captured outputs by name (ModelInputs::outputs), one tensor per call of a matching module, in
+  /// call order: for "router_logits", one [B*T, E] per sparse layer, rows b*T+t.
+  std::map<std::string, std::vector<at::Tensor>> captured;
+  at::Tensor loss;      ///< with labels: cross-entropy (+ router_aux_loss_coef * aux_loss)
+  at::Tensor aux_loss;  ///< with output_router_logits on a MoE model
 };
 
 /// One patch point of a built model.

@@ -47,4 +47,15 @@ class TORCHPATCH_API GqaAttention : public roles::Attention {
   GqaShape shape() const { return {num_heads, num_key_value_heads, head_dim, scaling}; }
 };
 
+/// Grouped-query attention with a per-head RMSNorm on queries and keys before RoPE (Qwen3):
+/// q_norm.weight [hd], k_norm.weight [hd].
+class TORCHPATCH_API QkNormAttention : public GqaAttention {
+ public:
+  explicit QkNormAttention(const BuildContext& ctx);
+
+  at::Tensor forward(const at::Tensor& hidden, const AttentionInputs& inputs) override;
+
+  std::shared_ptr<roles::Norm> q_norm, k_norm;
+};
+
 }  // namespace torchpatch::nn

@@ -15,6 +15,7 @@ struct TORCHPATCH_API DecoderLayerKeys {
   std::string attention;
   std::string mlp;
   std::string norm;
+  std::string sparse_block = {};  ///< MoE families: the block of sparse layers (config.moe.is_sparse_layer)
 };
 
 class TORCHPATCH_API PreNormDecoderLayer : public roles::DecoderLayer {

@@ -28,6 +28,10 @@ class TORCHPATCH_API SkipInit {
 TORCHPATCH_API void init_parameter(at::Tensor& param, bool is_bias, bool is_norm, double std = 0.02);
 
 /// y = x W^T + b. weight [out, in], bias [out] when `bias`.
+/// The type reductions run in: float32 as Hugging Face upcasts (softmax, norms, losses), float64
+/// when the model runs in float64 (casting that down would lose what it is for).
+inline c10::ScalarType reduction_type(c10::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
 /// How a single-row float32 product (decoding one token) is computed.
 enum class DecodeKernel {
   kAuto,    ///< the widest vector kernel this CPU has (the default)

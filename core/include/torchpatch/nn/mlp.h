@@ -15,7 +15,7 @@ TORCHPATCH_API at::Tensor activation(const std::string& name, const at::Tensor& 
 
 class TORCHPATCH_API GatedMlp : public roles::Mlp {
  public:
-  /// hidden_size -> intermediate_size -> hidden_size, bias per config.mlp_bias.
+  /// hidden_size -> intermediate_size (ctx.intermediate_size when set) -> hidden_size, bias per config.mlp_bias.
   explicit GatedMlp(const BuildContext& ctx);
   GatedMlp(const BuildContext& ctx, int64_t intermediate_size);
 

@@ -32,6 +32,8 @@ struct TORCHPATCH_API BuildContext {
   const ModelConfig& config;  ///< the whole model's configuration (raw JSON included)
   int64_t layer_idx = -1;     ///< decoder layer index, -1 outside layers
   std::string path;           ///< dotted module path, e.g. "model.layers.3.self_attn"
+  /// An MLP's width when it is not config.intermediate_size (a MoE block's shared expert); 0 = default.
+  int64_t intermediate_size = 0;
 };
 
 /// How the class of a built module was chosen.
@@ -40,6 +42,7 @@ struct TORCHPATCH_API PatchRecord {
   std::string class_name;   ///< the class actually built, e.g. "CustomLlamaAttention"
   std::string rule;         ///< "builtin", "exact key" or "pattern 'RX'"
   Origin origin;
+  std::string path;  ///< where it was built, e.g. "model.layers.3.mlp.gate"
   bool patched() const { return rule != "builtin"; }
 };
 

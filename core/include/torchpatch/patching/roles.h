@@ -23,6 +23,13 @@ struct TORCHPATCH_API AttentionInputs {
   int64_t layer_idx = -1;         ///< the layer being run (its slot in the cache)
 };
 
+/// What a router returns, in Hugging Face's tuple order: (router_logits, router_scores, router_indices).
+struct TORCHPATCH_API RouterOutput {
+  at::Tensor logits;   ///< [T, E] raw logits, activation dtype
+  at::Tensor scores;   ///< [T, K] weights of the chosen experts, activation dtype
+  at::Tensor indices;  ///< [T, K] int64 chosen experts, most probable first
+};
+
 namespace roles {
 
 /// Decoder self-attention: hidden [B, Q, H] -> [B, Q, H].
@@ -55,6 +62,23 @@ class TORCHPATCH_API DecoderLayer : public PatchableModule {
   static constexpr const char* kRoleName = "DecoderLayer";
   ~DecoderLayer() override;
   virtual at::Tensor forward(const at::Tensor& hidden, const AttentionInputs& inputs) = 0;
+};
+
+/// MoE router: tokens [T, H] -> which experts, with which weights.
+class TORCHPATCH_API Router : public PatchableModule {
+ public:
+  static constexpr const char* kRoleName = "Router";
+  ~Router() override;
+  virtual RouterOutput forward(const at::Tensor& hidden) = 0;
+};
+
+/// MoE experts: tokens [T, H], chosen experts [T, K] and their weights [T, K] -> [T, H], the
+/// weighted sum of each token's experts.
+class TORCHPATCH_API Experts : public PatchableModule {
+ public:
+  static constexpr const char* kRoleName = "Experts";
+  ~Experts() override;
+  virtual at::Tensor forward(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights) = 0;
 };
 
 }  // namespace roles

@@ -1,0 +1,60 @@
+// Output capture: named outputs (router logits, chosen experts, ...) collected from the patch points
+// of a model during a forward, as Hugging Face's OutputRecorder / capture_outputs do.
+#pragma once
+
+#include "torchpatch/export.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "torchpatch/patching/module_class.h"
+
+namespace torchpatch {
+
+/// Which outputs a name collects: element `index` of the output tuple of every module built for patch
+/// point `target` (a Hugging Face class name such as "Qwen2MoeTopKRouter"), optionally only those
+/// whose module path contains `layer_name`. Matching is by patch point, so a recorder follows a
+/// replacement (what Python's `patch_output_recorders` does by hand); a replacement's own class name
+/// works too.
+struct TORCHPATCH_API OutputRecorder {
+  std::string target;
+  int index = 0;
+  std::string layer_name;
+};
+
+/// Adds (or replaces) recorder `name` for models of class `model_class` (e.g. "Qwen2MoeForCausalLM").
+/// Throws Error for an empty name or target or a negative index. Thread-safe.
+TORCHPATCH_API void register_output_recorder(const std::string& model_class, const std::string& name,
+                                             const OutputRecorder& recorder);
+/// Removes recorder `name` of `model_class`; false when there was none.
+TORCHPATCH_API bool unregister_output_recorder(const std::string& model_class, const std::string& name);
+/// The recorders of `model_class` by name (built-in ones included).
+TORCHPATCH_API std::map<std::string, OutputRecorder> output_recorders(const std::string& model_class);
+
+/// Collects the named outputs of one forward on this thread while alive (scopes nest; the innermost
+/// collects). Throws InputError naming the known recorders for a name `model_class` has none for.
+class TORCHPATCH_API CaptureOutputs {
+ public:
+  CaptureOutputs(const std::string& model_class, const std::vector<std::string>& names);
+  ~CaptureOutputs();
+  CaptureOutputs(const CaptureOutputs&) = delete;
+  CaptureOutputs& operator=(const CaptureOutputs&) = delete;
+
+  /// What was collected, per name, in call order (one entry per matching module call).
+  std::map<std::string, std::vector<at::Tensor>> take();
+
+  struct State;
+
+ private:
+  State* state_;
+};
+
+/// Called with a patch point's outputs by the module that called it (its output tuple in Hugging
+/// Face's order). Cheap when nothing is being captured. A replacement that calls patch points of its
+/// own reports their outputs the same way.
+TORCHPATCH_API void report_outputs(const PatchableModule& module, const std::vector<at::Tensor>& outputs);
+
+}  // namespace torchpatch

@@ -1,0 +1,121 @@
+#include "torchpatch/patching/outputs.h"
+
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "torchpatch/error.h"
+
+namespace torchpatch {
+
+namespace {
+
+std::mutex& recorders_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+// Built in for the MoE families: router logits (router output 0, as Hugging Face records them), and
+// the routing itself: the weights applied (output 1) and the experts chosen (output 2).
+std::map<std::string, std::map<std::string, OutputRecorder>>& recorders() {
+  static std::map<std::string, std::map<std::string, OutputRecorder>> all = [] {
+    std::map<std::string, std::map<std::string, OutputRecorder>> m;
+    for (const char* family : {"Qwen2Moe", "Qwen3Moe"}) {
+      const std::string router = std::string(family) + "TopKRouter";
+      for (const char* model : {"ForCausalLM", "Model"}) {
+        auto& named = m[std::string(family) + model];
+        named["router_logits"] = {router, 0, ""};
+        named["routing_weights"] = {router, 1, ""};
+        named["selected_experts"] = {router, 2, ""};
+      }
+    }
+    return m;
+  }();
+  return all;
+}
+
+thread_local CaptureOutputs::State* active_capture = nullptr;
+
+}  // namespace
+
+struct CaptureOutputs::State {
+  std::map<std::string, OutputRecorder> wanted;
+  std::map<std::string, std::vector<at::Tensor>> collected;
+  State* outer = nullptr;
+};
+
+void register_output_recorder(const std::string& model_class, const std::string& name, const OutputRecorder& recorder) {
+  if (name.empty() || recorder.target.empty() || recorder.index < 0) {
+    throw Error(fmt::format("output recorder '{}' for {}: needs a name, a target class and an index >= 0 (got "
+                            "target '{}', index {})",
+                            name, model_class, recorder.target, recorder.index));
+  }
+  std::lock_guard<std::mutex> lock(recorders_mutex());
+  recorders()[model_class][name] = recorder;
+}
+
+bool unregister_output_recorder(const std::string& model_class, const std::string& name) {
+  std::lock_guard<std::mutex> lock(recorders_mutex());
+  auto it = recorders().find(model_class);
+  return it != recorders().end() && it->second.erase(name) > 0;
+}
+
+std::map<std::string, OutputRecorder> output_recorders(const std::string& model_class) {
+  std::lock_guard<std::mutex> lock(recorders_mutex());
+  auto it = recorders().find(model_class);
+  return it == recorders().end() ? std::map<std::string, OutputRecorder>() : it->second;
+}
+
+CaptureOutputs::CaptureOutputs(const std::string& model_class, const std::vector<std::string>& names)
+    : state_(new State) {
+  const auto known = output_recorders(model_class);
+  for (const auto& name : names) {
+    auto it = known.find(name);
+    if (it == known.end()) {
+      std::vector<std::string> available;
+      for (const auto& [n, r] : known) available.push_back(n);
+      delete state_;
+      throw InputError(fmt::format("output '{}': {} has no recorder by that name (it has: {}); add one with "
+                                   "register_output_recorder",
+                                   name, model_class, available.empty() ? "none" : fmt::format("{}", fmt::join(available, ", "))));
+    }
+    state_->wanted.emplace(name, it->second);
+    state_->collected[name];
+  }
+  state_->outer = active_capture;
+  active_capture = state_;
+}
+
+CaptureOutputs::~CaptureOutputs() {
+  // Closed out of order (not expected with RAII on one thread): unlink wherever it sits.
+  if (active_capture == state_) {
+    active_capture = state_->outer;
+  } else {
+    for (State* s = active_capture; s; s = s->outer) {
+      if (s->outer == state_) {
+        s->outer = state_->outer;
+        break;
+      }
+    }
+  }
+  delete state_;
+}
+
+std::map<std::string, std::vector<at::Tensor>> CaptureOutputs::take() { return std::move(state_->collected); }
+
+void report_outputs(const PatchableModule& module, const std::vector<at::Tensor>& outputs) {
+  CaptureOutputs::State* capture = active_capture;
+  if (!capture) return;
+  const auto& record = module.patch_record();
+  for (const auto& [name, recorder] : capture->wanted) {
+    if (recorder.target != record.key && recorder.target != record.class_name) continue;
+    if (!recorder.layer_name.empty() && record.path.find(recorder.layer_name) == std::string::npos) continue;
+    if (recorder.index >= static_cast<int>(outputs.size())) {
+      throw InputError(fmt::format("output '{}': {} returns {} outputs, the recorder asks for index {}", name,
+                                   record.class_name, outputs.size(), recorder.index));
+    }
+    capture->collected[name].push_back(outputs[recorder.index]);
+  }
+}
+
+}  // namespace torchpatch

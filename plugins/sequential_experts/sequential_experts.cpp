@@ -1,0 +1,54 @@
+// sequential-experts: one gated-MLP module per expert (`experts.{e}.gate_proj/up_proj/down_proj`),
+// run one after another, instead of the fused [E, ...] parameters. Checkpoints keep Hugging Face's
+// per-expert layout: the plugin's own (empty) conversion rules replace the model's fusing ones
+// under every SequentialExperts module.
+#include <ATen/ATen.h>
+
+#include "torchpatch/models/config.h"
+#include "torchpatch/nn/mlp.h"
+#include "torchpatch/plugin_api.h"
+
+namespace {
+
+using torchpatch::BuildContext;
+
+class SequentialExperts : public torchpatch::roles::Experts {
+ public:
+  explicit SequentialExperts(const BuildContext& ctx) {
+    const auto& moe = ctx.config.decoder.moe;
+    for (int64_t e = 0; e < moe.num_experts; ++e) {
+      const BuildContext expert{ctx.config, ctx.layer_idx, ctx.path + "." + std::to_string(e)};
+      experts_.push_back(register_module(std::to_string(e),
+                                         std::make_shared<torchpatch::nn::GatedMlp>(expert, moe.moe_intermediate_size)));
+    }
+  }
+
+  // hidden [T, H], indices/weights [T, K]: each chosen expert on its tokens, added in expert order.
+  at::Tensor forward(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights) override {
+    auto out = at::zeros_like(hidden);
+    for (int64_t e = 0; e < static_cast<int64_t>(experts_.size()); ++e) {
+      const auto hits = (indices == e).nonzero();  // [n, 2] (token, slot)
+      if (hits.size(0) == 0) continue;
+      const auto token = hits.select(1, 0), slot = hits.select(1, 1);
+      auto y = experts_[e]->forward(hidden.index_select(0, token)) * weights.index({token, slot}).unsqueeze(-1);
+      out.index_add_(0, token, y.to(out.scalar_type()));
+    }
+    return out;
+  }
+
+ private:
+  std::vector<std::shared_ptr<torchpatch::nn::GatedMlp>> experts_;
+};
+
+void register_plugin(torchpatch::Registrar& registrar) {
+  registrar.add_replacement<SequentialExperts>("SequentialExperts", {"Qwen2MoeExperts", "Qwen3MoeExperts"});
+  registrar.add_replacement<SequentialExperts>("ModuleListExperts", {});
+  // No rules of its own: the hub's experts.{e}.*_proj.weight load as they are.
+  for (const char* cls : {"SequentialExperts", "ModuleListExperts"}) {
+    registrar.add_conversion(cls, [](const torchpatch::ModelConfig&) { return torchpatch::checkpoint::ConversionRules{}; });
+  }
+}
+
+}  // namespace
+
+TORCHPATCH_PLUGIN("sequential-experts", "1.0.0", register_plugin)
