@@ -13,6 +13,8 @@
 #include "torchpatch/models/qwen3_moe.h"
 #include "torchpatch/nn/rotary.h"
 #include "torchpatch/patching/outputs.h"
+#include "torchpatch/patching/registry.h"
+#include "torchpatch/plugin_host.h"
 
 using namespace torchpatch;
 using Catch::Matchers::Contains;
@@ -214,4 +216,33 @@ TEST_CASE("output capture: unknown names are clear errors, and recorders can be 
   CHECK(unregister_output_recorder("Qwen2MoeForCausalLM", "expert_usage"));
   REQUIRE_THROWS_AS(model->forward(in), InputError);
   REQUIRE_THROWS_WITH(register_output_recorder("Qwen2MoeForCausalLM", "x", {"", 0, ""}), Contains("needs a name, a target"));
+}
+
+TEST_CASE("output capture: attentions, and recorders follow a replacement", "[outputs]") {
+  // attentions: one [B, nH, Q, KV] per layer, rows summing to 1, nothing on masked keys.
+  auto llama = from_pretrained(testutil::data_dir() / "llama_basic");
+  const auto ref = checkpoint::SafetensorsFile::open(testutil::data_dir() / "llama_basic" / "reference.safetensors");
+  ModelInputs in;
+  in.input_ids = ref->tensor("input_ids");
+  in.attention_mask = ref->tensor("attention_mask");
+  in.position_ids = ref->tensor("position_ids");
+  in.outputs = {"attentions"};
+  at::NoGradGuard no_grad;
+  const auto out = llama->forward(in);
+  const auto& attentions = out.captured.at("attentions");
+  REQUIRE(attentions.size() == 3);
+  CHECK(attentions[0].sizes() == at::IntArrayRef({2, 4, 12, 12}));
+  const auto real_rows = in.attention_mask.view({2, 1, 12}).to(at::kBool);
+  CHECK(testutil::close("attention rows sum to 1", attentions[1].sum(-1).masked_select(real_rows),
+                        at::ones({real_rows.sum().item<int64_t>() * 4}), {}, 1e-5, 0));
+  // Row 1 is left-padded by 4: its real queries (4..11) put nothing on the pad keys (0..3).
+  CHECK(attentions[2].select(0, 1).narrow(1, 4, 8).narrow(-1, 0, 4).abs().max().item<double>() == 0);
+  // The same model with its attention patched still records (matching is by patch point).
+  PluginHost host;
+  host.load_directory(TORCHPATCH_BUNDLED_PLUGIN_DIR, PluginMode::Catalogue);
+  ScopedPatchMapping patch({{"LlamaAttention", *host.find_class("FusedQKVAttention")}});
+  auto fused = from_pretrained(testutil::data_dir() / "llama_basic");
+  const auto fused_out = fused->forward(in);
+  CHECK(testutil::close("attentions through FusedQKVAttention", fused_out.captured.at("attentions")[2], attentions[2],
+                        {}, 1e-5, 1e-4));
 }

@@ -12,7 +12,7 @@
 namespace torchpatch::nn {
 
 at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const at::Tensor& mask, double scaling) {
+                           const at::Tensor& mask, double scaling, at::Tensor* weights_out) {
   const auto b = q.size(0), heads = q.size(1), len = q.size(2), hd = q.size(3);
   const auto kv_heads = k.size(1), kv_len = k.size(2);
   const int64_t groups = heads / kv_heads;
@@ -24,6 +24,7 @@ at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   if (mask.defined()) scores = scores + mask;
   // Softmax in at least float32 (float64 stays float64: its mask's lowest value has no float32 form).
   auto probs = at::softmax(scores, -1, reduction_type(q.scalar_type())).to(q.scalar_type());
+  if (weights_out) *weights_out = probs;
   auto out = at::matmul(probs.view({b, kv_heads, groups * len, kv_len}), v);  // [B, nKV, groups*Q, hd]
   return out.view({b, heads, len, hd}).transpose(1, 2).contiguous();          // [B, Q, nH, hd]
 }
@@ -71,7 +72,7 @@ at::Tensor grouped_query_attention(const at::Tensor& q, const at::Tensor& k, con
   query = apply_rotary(query, inputs.cos, inputs.sin);
   key = apply_rotary(key, inputs.cos, inputs.sin);
   if (inputs.cache) std::tie(key, value) = inputs.cache->update(key, value, inputs.layer_idx);  // [B, nKV, KV, hd]
-  auto out = eager_attention(query, key, value, inputs.mask, shape.scaling);  // [B, Q, nH, hd]
+  auto out = eager_attention(query, key, value, inputs.mask, shape.scaling, inputs.weights_out);  // [B, Q, nH, hd]
   return out.reshape({b, len, shape.num_heads * shape.head_dim});
 }
 

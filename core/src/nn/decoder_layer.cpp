@@ -2,6 +2,7 @@
 
 #include "torchpatch/models/config.h"
 #include "torchpatch/patching/build.h"
+#include "torchpatch/patching/outputs.h"
 
 namespace torchpatch::nn {
 
@@ -16,8 +17,22 @@ PreNormDecoderLayer::PreNormDecoderLayer(const BuildContext& ctx, const DecoderL
 }
 
 at::Tensor PreNormDecoderLayer::forward(const at::Tensor& hidden, const AttentionInputs& inputs) {
-  auto h = hidden + self_attn->forward(input_layernorm->forward(hidden), inputs);
-  return h + mlp->forward(post_attention_layernorm->forward(h));
+  at::Tensor attention;
+  if (!capturing_outputs()) {
+    attention = self_attn->forward(input_layernorm->forward(hidden), inputs);
+  } else {
+    // Capture is on: ask for the attention probabilities too, reported as output 1 (Hugging Face's
+    // (attn_output, attn_weights)); they stay undefined for an attention class that does not set them.
+    at::Tensor weights;
+    AttentionInputs with_weights = inputs;
+    with_weights.weights_out = &weights;
+    attention = self_attn->forward(input_layernorm->forward(hidden), with_weights);
+    report_outputs(*self_attn, {attention, weights});
+  }
+  auto h = hidden + attention;
+  auto out = h + mlp->forward(post_attention_layernorm->forward(h));
+  report_outputs(*this, {out});
+  return out;
 }
 
 }  // namespace torchpatch::nn

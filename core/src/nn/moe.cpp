@@ -77,8 +77,8 @@ at::Tensor FusedExperts::forward_eager(const at::Tensor& hidden, const at::Tenso
     if (hits.size(0) == 0) continue;
     auto token = hits.select(1, 0), slot = hits.select(1, 1);
     auto x = hidden.index_select(0, token);
-    auto gate_up = at::linear(x, gate_up_proj[e]).chunk(2, -1);
-    auto y = at::linear(activation(hidden_act, gate_up[0]) * gate_up[1], down_proj[e]);
+    auto gate_up = nn::linear(x, gate_up_proj[e]).chunk(2, -1);
+    auto y = nn::linear(activation(hidden_act, gate_up[0]) * gate_up[1], down_proj[e]);
     y = y * weights.index({token, slot}).unsqueeze(-1);
     out.index_add_(0, token, y.to(out.scalar_type()));
   }
@@ -102,8 +102,8 @@ at::Tensor FusedExperts::forward_grouped(const at::Tensor& hidden, const at::Ten
   for (int64_t e = 0; e < num_experts; ++e) {
     if (count[e] == 0) continue;
     auto slice = x.narrow(0, start, count[e]);
-    auto gate_up = at::linear(slice, gate_up_proj[e]).chunk(2, -1);
-    pieces.push_back(at::linear(activation(hidden_act, gate_up[0]) * gate_up[1], down_proj[e]));
+    auto gate_up = nn::linear(slice, gate_up_proj[e]).chunk(2, -1);
+    pieces.push_back(nn::linear(activation(hidden_act, gate_up[0]) * gate_up[1], down_proj[e]));
     start += count[e];
   }
   auto out = at::zeros_like(hidden);

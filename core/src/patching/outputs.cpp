@@ -15,11 +15,17 @@ std::mutex& recorders_mutex() {
   return mutex;
 }
 
-// Built in for the MoE families: router logits (router output 0, as Hugging Face records them), and
-// the routing itself: the weights applied (output 1) and the experts chosen (output 2).
+// Built in: attention probabilities (attention output 1) for every family; for the MoE families also
+// router logits (router output 0, as Hugging Face records them) and the routing itself: the weights
+// applied (output 1) and the experts chosen (output 2).
 std::map<std::string, std::map<std::string, OutputRecorder>>& recorders() {
   static std::map<std::string, std::map<std::string, OutputRecorder>> all = [] {
     std::map<std::string, std::map<std::string, OutputRecorder>> m;
+    for (const char* family : {"Llama", "Mistral", "Qwen2", "Qwen2Moe", "Qwen3Moe"}) {
+      for (const char* model : {"ForCausalLM", "Model"}) {
+        m[std::string(family) + model]["attentions"] = {std::string(family) + "Attention", 1, ""};
+      }
+    }
     for (const char* family : {"Qwen2Moe", "Qwen3Moe"}) {
       const std::string router = std::string(family) + "TopKRouter";
       for (const char* model : {"ForCausalLM", "Model"}) {
@@ -103,6 +109,8 @@ CaptureOutputs::~CaptureOutputs() {
 
 std::map<std::string, std::vector<at::Tensor>> CaptureOutputs::take() { return std::move(state_->collected); }
 
+bool capturing_outputs() { return active_capture != nullptr; }
+
 void report_outputs(const PatchableModule& module, const std::vector<at::Tensor>& outputs) {
   CaptureOutputs::State* capture = active_capture;
   if (!capture) return;
@@ -110,9 +118,9 @@ void report_outputs(const PatchableModule& module, const std::vector<at::Tensor>
   for (const auto& [name, recorder] : capture->wanted) {
     if (recorder.target != record.key && recorder.target != record.class_name) continue;
     if (!recorder.layer_name.empty() && record.path.find(recorder.layer_name) == std::string::npos) continue;
-    if (recorder.index >= static_cast<int>(outputs.size())) {
-      throw InputError(fmt::format("output '{}': {} returns {} outputs, the recorder asks for index {}", name,
-                                   record.class_name, outputs.size(), recorder.index));
+    if (recorder.index >= static_cast<int>(outputs.size()) || !outputs[recorder.index].defined()) {
+      throw InputError(fmt::format("output '{}': {} at {} does not provide output {} (it gave {})", name,
+                                   record.class_name, record.path, recorder.index, outputs.size()));
     }
     capture->collected[name].push_back(outputs[recorder.index]);
   }

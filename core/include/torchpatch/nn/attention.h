@@ -10,9 +10,10 @@
 namespace torchpatch::nn {
 
 /// Eager attention: q [B, nH, Q, hd], k/v [B, nKV, KV, hd] (repeated to nH heads), additive mask
-/// [B, 1, Q, KV] or undefined. Softmax in float32, cast back. Returns [B, Q, nH, hd].
+/// [B, 1, Q, KV] or undefined. Softmax in float32, cast back. Returns [B, Q, nH, hd]; the
+/// probabilities [B, nH, Q, KV] go to `weights_out` when given.
 TORCHPATCH_API at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const at::Tensor& mask, double scaling);
+                                          const at::Tensor& mask, double scaling, at::Tensor* weights_out = nullptr);
 
 /// Head layout of grouped-query attention.
 struct TORCHPATCH_API GqaShape {

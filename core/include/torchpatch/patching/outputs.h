@@ -57,4 +57,7 @@ class TORCHPATCH_API CaptureOutputs {
 /// own reports their outputs the same way.
 TORCHPATCH_API void report_outputs(const PatchableModule& module, const std::vector<at::Tensor>& outputs);
 
+/// Whether a CaptureOutputs is open on this thread (so callers can skip work no one will record).
+TORCHPATCH_API bool capturing_outputs();
+
 }  // namespace torchpatch

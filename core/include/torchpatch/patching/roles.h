@@ -21,6 +21,8 @@ struct TORCHPATCH_API AttentionInputs {
   at::Tensor position_ids;  ///< [B, Q] int64
   DynamicCache* cache = nullptr;  ///< append this layer's keys/values and attend over all; null = no cache
   int64_t layer_idx = -1;         ///< the layer being run (its slot in the cache)
+  /// When set, the attention stores its probabilities [B, nH, Q, KV] here (for the "attentions" output).
+  at::Tensor* weights_out = nullptr;
 };
 
 /// What a router returns, in Hugging Face's tuple order: (router_logits, router_scores, router_indices).
