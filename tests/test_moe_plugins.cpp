@@ -224,3 +224,25 @@ TEST_CASE("cli routing record and replay, and run --router-outputs", "[cli][moe]
                   reference("qwen2_moe_basic", "selected_experts_layer1").masked_fill(keep, -1)));
   std::filesystem::remove(out);
 }
+
+TEST_CASE("default experts save back to the per-expert hub layout bit-exactly, and replayable routers match the reference when free", "[moe][plugins][conversion]") {
+  for (const std::string case_name : {"qwen2_moe_basic", "qwen3_moe_basic"}) {
+    auto model = load(case_name);
+    const auto dir = testutil::temp_file(case_name + "-fused-save");
+    checkpoint::save_pretrained(*model, dir);
+    const auto original = checkpoint::Checkpoint::open(testutil::data_dir() / case_name);
+    const auto saved = checkpoint::Checkpoint::open(dir);
+    CHECK(saved.keys() == original.keys());
+    for (const auto& k : original.keys()) CHECK(at::equal(saved.tensor(k), original.tensor(k)));
+    std::filesystem::remove_all(dir);
+  }
+  ScopedPatchMapping patch({{"Qwen3MoeTopKRouter", bundled_class("ReplayableQwen3MoeTopKRouter")}});
+  auto model = load("qwen3_moe_basic");
+  ModelInputs in;
+  in.input_ids = reference("qwen3_moe_basic", "input_ids");
+  in.attention_mask = reference("qwen3_moe_basic", "attention_mask");
+  in.position_ids = reference("qwen3_moe_basic", "position_ids");
+  at::NoGradGuard no_grad;
+  CHECK(testutil::close("qwen3_moe with ReplayableQwen3MoeTopKRouter", model->forward(in).logits,
+                        reference("qwen3_moe_basic", "logits"), in.attention_mask));
+}
