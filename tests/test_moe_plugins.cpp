@@ -38,6 +38,17 @@ at::Tensor reference(const std::string& case_name, const std::string& tensor) {
   return checkpoint::SafetensorsFile::open(testutil::data_dir() / case_name / "reference.safetensors")->tensor(tensor);
 }
 
+// save_pretrained writes exactly the case's own checkpoint back: the same keys, every tensor equal.
+void check_saves_hub_layout(const PretrainedModel& model, const std::string& case_name, const std::string& label) {
+  const auto dir = testutil::temp_file(case_name + "-" + label + "-save");
+  checkpoint::save_pretrained(model, dir);
+  const auto original = checkpoint::Checkpoint::open(testutil::data_dir() / case_name);
+  const auto saved = checkpoint::Checkpoint::open(dir);
+  CHECK(saved.keys() == original.keys());
+  for (const auto& k : original.keys()) CHECK(at::equal(saved.tensor(k), original.tensor(k)));
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 
 TEST_CASE("SequentialExperts loads the per-expert hub layout and matches the reference", "[moe][plugins]") {
@@ -69,14 +80,7 @@ TEST_CASE("SequentialExperts loads the per-expert hub layout and matches the ref
     greedy.max_new_tokens = 8;
     CHECK(at::equal(generate(*model, in.input_ids, in.attention_mask, greedy).sequences,
                     reference(case_name, "generated_ids")));
-    // Saved back in the hub layout, bit for bit.
-    const auto dir = testutil::temp_file(case_name + "-sequential");
-    checkpoint::save_pretrained(*model, dir);
-    const auto original = checkpoint::Checkpoint::open(testutil::data_dir() / case_name);
-    const auto saved = checkpoint::Checkpoint::open(dir);
-    CHECK(saved.keys() == original.keys());
-    for (const auto& k : original.keys()) CHECK(at::equal(saved.tensor(k), original.tensor(k)));
-    std::filesystem::remove_all(dir);
+    check_saves_hub_layout(*model, case_name, "sequential");  // the per-expert layout, bit for bit
   }
 }
 
@@ -227,14 +231,7 @@ TEST_CASE("cli routing record and replay, and run --router-outputs", "[cli][moe]
 
 TEST_CASE("default experts save back to the per-expert hub layout bit-exactly, and replayable routers match the reference when free", "[moe][plugins][conversion]") {
   for (const std::string case_name : {"qwen2_moe_basic", "qwen3_moe_basic"}) {
-    auto model = load(case_name);
-    const auto dir = testutil::temp_file(case_name + "-fused-save");
-    checkpoint::save_pretrained(*model, dir);
-    const auto original = checkpoint::Checkpoint::open(testutil::data_dir() / case_name);
-    const auto saved = checkpoint::Checkpoint::open(dir);
-    CHECK(saved.keys() == original.keys());
-    for (const auto& k : original.keys()) CHECK(at::equal(saved.tensor(k), original.tensor(k)));
-    std::filesystem::remove_all(dir);
+    check_saves_hub_layout(*load(case_name), case_name, "fused");
   }
   ScopedPatchMapping patch({{"Qwen3MoeTopKRouter", bundled_class("ReplayableQwen3MoeTopKRouter")}});
   auto model = load("qwen3_moe_basic");
