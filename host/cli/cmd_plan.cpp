@@ -65,7 +65,7 @@ int cmd_plan(const std::vector<std::string>& argv) {
     const auto depth = static_cast<int>(std::count(path.begin(), path.end(), '.'));
     const std::string left = std::string(2 * (depth + 1), ' ') + path.substr(path.rfind('.') == std::string::npos ? 0 : path.rfind('.') + 1);
     auto* point = dynamic_cast<const PatchableModule*>(item.value().get());
-    if (!point) {
+    if (!point || !point->patch_record().built()) {
       std::cout << fmt::format("{:<36} {}\n", left, plain_name(*item.value()));
       continue;
     }

@@ -18,14 +18,18 @@ int cmd_run(const std::vector<std::string>& argv) {
                {{"prompt-ids", "IDS", "token ids, e.g. 1,2,3 (a batch of one)"},
                 {"inputs", "FILE", "safetensors file with input_ids [B,T] and optional attention_mask, position_ids, "
                                    "token_type_ids"},
-                {"output", "FILE", "write logits (and hidden_states) to this safetensors file"},
+                {"output", "FILE", "write logits (language models), last_hidden_state and pooler_output (BERT) to this "
+                             "safetensors file"},
                 {"hidden-states", "", "also write hidden_states [layers+1, B, T, H] to --output"},
                 {"router-outputs", "", "MoE: also write router_logits_layer{i}, selected_experts_layer{i} and "
                                        "routing_weights_layer{i} (rows b*T+t) to --output"},
                 {"top", "K", "how many next tokens to show per row (default 5)"}});
   const Args args(specs, argv);
   if (args.flag("help")) {
-    std::cout << usage("run", "Run one forward pass and print each row's most likely next tokens.", specs);
+    std::cout << usage("run",
+                       "Run one forward pass and print each row's most likely next tokens (causal LMs) or the "
+                       "shapes of the outputs (BERT).",
+                       specs);
     return 0;
   }
   if (args.flag("hidden-states") && !args.has("output")) throw UsageError("--hidden-states needs --output FILE");
@@ -53,10 +57,13 @@ int cmd_run(const std::vector<std::string>& argv) {
   }
   at::NoGradGuard no_grad;
   const ModelOutput out = built.model->forward(inputs);
-  if (!out.logits.defined()) throw InputError(built.model->class_name() + " has no language-model head: no logits");
 
   if (args.has("output")) {
-    std::vector<std::pair<std::string, at::Tensor>> tensors{{"logits", out.logits.contiguous()}};
+    // What the model produced: logits with a language-model head, the encoder's outputs always.
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    if (out.logits.defined()) tensors.emplace_back("logits", out.logits.contiguous());
+    tensors.emplace_back("last_hidden_state", out.last_hidden_state.contiguous());
+    if (out.pooler_output.defined()) tensors.emplace_back("pooler_output", out.pooler_output.contiguous());
     if (args.flag("hidden-states")) tensors.emplace_back("hidden_states", at::stack(out.hidden_states).contiguous());
     // Named by decoder layer index, as the reference cases name them (dense layers have none).
     std::vector<int64_t> sparse_layers;
@@ -73,9 +80,17 @@ int cmd_run(const std::vector<std::string>& argv) {
     checkpoint::save_safetensors(args.value("output"), tensors);
   }
 
-  // Each row's next token is predicted at its last real position.
-  const int64_t batch = out.logits.size(0), len = out.logits.size(1);
-  top = std::min(top, out.logits.size(2));
+  // A causal LM predicts each row's next token at its last real position; other models (BERT) show
+  // the shapes of what they produced.
+  const auto& cls = built.model->class_name();
+  const bool causal = out.logits.defined() && cls.size() > 11 && cls.compare(cls.size() - 11, 11, "ForCausalLM") == 0;
+  const int64_t batch = causal ? out.logits.size(0) : 0, len = out.last_hidden_state.size(1);
+  if (causal) top = std::min(top, out.logits.size(2));
+  auto shapes = nlohmann::json::object();
+  for (const auto& [name, tensor] : {std::pair<std::string, at::Tensor>{"logits", out.logits},
+                                     {"last_hidden_state", out.last_hidden_state}, {"pooler_output", out.pooler_output}}) {
+    if (tensor.defined()) shapes[name] = tensor.sizes().vec();
+  }
   auto rows = nlohmann::json::array();
   for (int64_t b = 0; b < batch; ++b) {
     int64_t last = len - 1;
@@ -94,6 +109,7 @@ int cmd_run(const std::vector<std::string>& argv) {
 
   if (args.flag("json")) {
     std::cout << nlohmann::json{{"model", built.model->class_name()}, {"source", built.source}, {"rows", rows},
+                                {"shapes", shapes},
                                 {"counters", counters}, {"output", args.value("output")},
                                 {"load_report", built.report ? built.report->to_json() : nlohmann::json()}}
                      .dump(2)
@@ -101,6 +117,11 @@ int cmd_run(const std::vector<std::string>& argv) {
     return 0;
   }
   std::cout << fmt::format("{} ({})\n", built.model->class_name(), built.source);
+  if (!causal) {
+    for (const auto& [name, shape] : shapes.items()) {
+      std::cout << fmt::format("{} [{}]\n", name, fmt::join(shape.get<std::vector<int64_t>>(), ", "));
+    }
+  }
   for (const auto& row : rows) {
     std::vector<std::string> parts;
     for (const auto& t : row["top"]) parts.push_back(fmt::format("{} ({:.4f})", t["id"].get<int64_t>(), t["logit"].get<double>()));

@@ -13,5 +13,6 @@ int cmd_save(const std::vector<std::string>& argv);
 int cmd_generate(const std::vector<std::string>& argv);
 int cmd_bench(const std::vector<std::string>& argv);
 int cmd_routing(const std::vector<std::string>& argv);
+int cmd_verify(const std::vector<std::string>& argv);
 
 }  // namespace torchpatch::cli

@@ -21,6 +21,7 @@ commands:
   generate  generate tokens with a key/value cache (greedy or sampled)
   bench     measure decode and prefill speed against this machine's limits
   routing   record a MoE model's expert choices (.npy) and replay them in a training pass
+  verify    compare the patched model with the original on the same weights and inputs
 
 Run 'torchpatch <command> --help' for a command's options.
 )";
@@ -44,6 +45,7 @@ int main(int argc, char** argv) {
     if (command == "generate") return cmd_generate(rest);
     if (command == "bench") return cmd_bench(rest);
     if (command == "routing") return cmd_routing(rest);
+    if (command == "verify") return cmd_verify(rest);
     std::cerr << "torchpatch: unknown command '" << command << "'\n\n" << kUsage;
     return 2;
   } catch (const UsageError& e) {

@@ -49,7 +49,7 @@ void load_plugins(PluginHost& host, const Args& args, bool warn_refused) {
   }
 }
 
-BuiltModel build_model(PluginHost& host, const Args& args) {
+void apply_patch_args(PluginHost& host, const Args& args) {
   for (const auto& patch : args.values("patch")) {
     const auto eq = patch.rfind('=');  // class names hold no '=', patterns may: (?=...)
     if (eq == std::string::npos || eq == 0 || eq + 1 == patch.size()) {
@@ -57,44 +57,47 @@ BuiltModel build_model(PluginHost& host, const Args& args) {
     }
     host.patch(patch.substr(0, eq), patch.substr(eq + 1));
   }
-  if (args.has("model") == args.has("preset")) throw UsageError("give exactly one of --model DIR and --preset NAME");
+}
 
-  std::optional<c10::ScalarType> dtype;
+PretrainedOptions pretrained_options(const Args& args) {
+  PretrainedOptions options;
   if (args.has("dtype")) {
     const auto name = args.value("dtype");
-    if (name == "float32") dtype = at::kFloat;
-    else if (name == "bfloat16") dtype = at::kBFloat16;
-    else if (name == "float16") dtype = at::kHalf;
+    if (name == "float32") options.dtype = at::kFloat;
+    else if (name == "bfloat16") options.dtype = at::kBFloat16;
+    else if (name == "float16") options.dtype = at::kHalf;
     else throw UsageError("--dtype: '" + name + "' is not one of float32, bfloat16, float16");
   }
-
-  nlohmann::json overrides = nlohmann::json::object();
   if (args.has("experts")) {
     const auto impl = args.value("experts");
     if (impl != "grouped" && impl != "eager") throw UsageError("--experts: '" + impl + "' is not one of grouped, eager");
-    overrides["experts_implementation"] = impl;
+    options.config_overrides["experts_implementation"] = impl;
   }
+  options.strict = !args.flag("allow-incomplete");
+  return options;
+}
+
+BuiltModel build_model(PluginHost& host, const Args& args) {
+  apply_patch_args(host, args);
+  if (args.has("model") == args.has("preset")) throw UsageError("give exactly one of --model DIR and --preset NAME");
+  const PretrainedOptions options = pretrained_options(args);
 
   BuiltModel built;
   ApplyPatches scope;
   if (args.has("preset")) {
     built.source = "preset " + args.value("preset");
     auto config = preset_config(args.value("preset"));
-    if (!overrides.empty()) {
+    if (!options.config_overrides.empty()) {
       auto raw = config.raw;
-      raw.update(overrides);
+      raw.update(options.config_overrides);
       config = ModelConfig::from_json(raw, built.source);
     }
     built.model = construct_model(config);
     init_random_weights(*built.model, /*seed=*/0);
-    if (dtype) built.model->to(*dtype);
+    if (options.dtype) built.model->to(*options.dtype);
   } else {
     const std::filesystem::path dir = args.value("model");
     built.source = dir.string();
-    PretrainedOptions options;
-    options.dtype = dtype;
-    options.strict = !args.flag("allow-incomplete");
-    options.config_overrides = overrides;
     built.report.emplace();
     built.model = from_pretrained(dir, options, &*built.report);  // inside `scope`, so it records the matches
   }

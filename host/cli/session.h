@@ -9,6 +9,7 @@
 
 #include "args.h"
 #include "torchpatch/checkpoint/load.h"
+#include "torchpatch/models/auto.h"
 #include "torchpatch/models/pretrained.h"
 #include "torchpatch/plugin_host.h"
 
@@ -30,6 +31,12 @@ struct BuiltModel {
   std::vector<std::string> unmatched_keys;  ///< registered keys no patch point matched
   std::optional<checkpoint::LoadReport> report;  ///< how the checkpoint loaded (--model only)
 };
+
+/// Registers each --patch KEY=CLASS (a class offered by a loaded plugin) in the global registry.
+void apply_patch_args(PluginHost& host, const Args& args);
+
+/// How --dtype, --experts and --allow-incomplete ask a checkpoint to load.
+PretrainedOptions pretrained_options(const Args& args);
 
 /// Applies --patch KEY=CLASS, then builds --model DIR (with its weights) or --preset NAME (seed 0),
 /// in --dtype; --allow-incomplete loads a checkpoint that does not fit and reports it.

@@ -2,6 +2,7 @@
 #include "torchpatch/checkpoint/load.h"
 
 #include <fstream>
+#include <optional>
 #include <set>
 
 #include <ATen/ATen.h>
@@ -111,6 +112,42 @@ bool computed_not_loaded(const std::string& key) {
   return key.size() >= suffix.size() && key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// Hugging Face's base_model_prefix: a checkpoint of the base model (keys without "bert.") loads into a
+// task head (keys with it), and a task head's checkpoint into the base model, its head's keys ignored.
+class BasePrefix {
+ public:
+  BasePrefix(const PretrainedModel& model, const std::map<std::string, at::Tensor>& params,
+             const std::vector<std::string>& ckpt_keys)
+      : dot_(model.base_model_prefix().empty() ? "" : model.base_model_prefix() + ".") {
+    if (dot_.empty()) return;
+    auto any_prefixed = [&](auto&& keys) {
+      for (const auto& key : keys) {
+        if (prefixed(key_of(key))) return true;
+      }
+      return false;
+    };
+    const bool model_has = any_prefixed(params), ckpt_has = any_prefixed(ckpt_keys);
+    add_ = model_has && !ckpt_has;
+    strip_ = !model_has && ckpt_has;
+  }
+
+  /// The model key for checkpoint key `key`; nullopt for a task head's tensor the base model lacks.
+  std::optional<std::string> adapt(const std::string& key) const {
+    if (add_) return dot_ + key;
+    if (!strip_) return key;
+    if (!prefixed(key)) return std::nullopt;
+    return key.substr(dot_.size());
+  }
+
+ private:
+  static const std::string& key_of(const std::string& key) { return key; }
+  static const std::string& key_of(const std::pair<const std::string, at::Tensor>& item) { return item.first; }
+  bool prefixed(const std::string& key) const { return key.compare(0, dot_.size(), dot_) == 0; }
+
+  std::string dot_;  // "bert." or ""
+  bool add_ = false, strip_ = false;
+};
+
 std::string source_name(const Checkpoint& ckpt) {
   return ckpt.files().size() == 1 ? ckpt.files().front()->path().string() : ckpt.path().string();
 }
@@ -136,7 +173,8 @@ nlohmann::json LoadReport::to_json() const {
     mismatches.push_back({{"key", m.key}, {"checkpoint_shape", m.checkpoint_shape}, {"model_shape", m.model_shape}});
   }
   return {{"missing", missing},           {"unexpected", unexpected},   {"mismatched", mismatches},
-          {"conversion_errors", conversion_errors}, {"conversions", conversions}, {"strict", strict}};
+          {"conversion_errors", conversion_errors}, {"conversions", conversions}, {"ignored", ignored},
+          {"strict", strict}};
 }
 
 LoadReport load_weights(PretrainedModel& model, const Checkpoint& ckpt, const LoadOptions& options) {
@@ -146,21 +184,29 @@ LoadReport load_weights(PretrainedModel& model, const Checkpoint& ckpt, const Lo
 
   LoadReport report;
   report.strict = options.strict;
+  const BasePrefix base(model, params, ckpt.keys());
   std::vector<std::pair<std::string, std::string>> direct;  // checkpoint key -> model key
   Groups groups;
-  for (const auto& key : ckpt.keys()) {
-    auto route = plan.route(key);
-    if (!params.count(route.key()) && params.count(key)) route = ConversionPlan::Route{{key}, nullptr, 0};
+  for (const auto& ckpt_key : ckpt.keys()) {
+    const auto key = base.adapt(ckpt_key);
+    if (!key) {
+      report.ignored.push_back(ckpt_key);
+      continue;
+    }
+    auto route = plan.route(*key);
+    if (!params.count(route.key()) && params.count(*key)) route = ConversionPlan::Route{{*key}, nullptr, 0};
     if (!params.count(route.key())) {
-      if (computed_not_loaded(key)) continue;
-      report.unexpected.push_back(route.key() == key ? key : fmt::format("{} (converted to '{}')", key, route.key()));
+      if (computed_not_loaded(ckpt_key)) continue;
+      // Named as the model would name it: with the base-model prefix added or taken off.
+      report.unexpected.push_back(route.key() == *key ? *key
+                                                      : fmt::format("{} (converted to '{}')", ckpt_key, route.key()));
       continue;
     }
     if (!route.converter) {
-      direct.emplace_back(key, route.key());
+      direct.emplace_back(ckpt_key, route.key());
       continue;
     }
-    const std::string clash = groups.add(route, key);
+    const std::string clash = groups.add(route, ckpt_key);
     if (!clash.empty()) report.conversion_errors[route.key()] = clash;
   }
 
@@ -186,8 +232,9 @@ LoadReport load_weights(PretrainedModel& model, const Checkpoint& ckpt, const Lo
     loaded.insert(name);
   };
   // Tied names share one tensor: load it once (from the first of the pair the checkpoint has).
+  const auto aliases = model.tied_weights();
   std::map<std::string, std::string> partner;
-  for (const auto& [alias, target] : model.tied_weights()) {
+  for (const auto& [alias, target] : aliases) {
     partner[alias] = target;
     partner[target] = alias;
   }
@@ -218,6 +265,7 @@ LoadReport load_weights(PretrainedModel& model, const Checkpoint& ckpt, const Lo
     if (loaded.count(name)) continue;
     auto other = partner.find(name);
     if (other != partner.end() && loaded.count(other->second)) continue;  // shares the tensor that was loaded
+    if (aliases.count(name) && params.count(aliases.at(name))) continue;   // reported under its target's name
     report.missing.push_back(name);
   }
   std::sort(report.missing.begin(), report.missing.end(), natural_key_less);
@@ -225,7 +273,8 @@ LoadReport load_weights(PretrainedModel& model, const Checkpoint& ckpt, const Lo
   // Non-strict: what the checkpoint did not provide gets Hugging Face's initial values.
   auto initialise = [&](const std::string& name) {
     const bool is_bias = name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
-    nn::init_parameter(params.at(name), is_bias, name.find("norm") != std::string::npos);
+    const bool is_norm = name.find("norm") != std::string::npos || name.find("LayerNorm") != std::string::npos;
+    nn::init_parameter(params.at(name), is_bias, is_norm && !is_bias);
   };
   for (const auto& name : report.missing) initialise(name);
   for (const auto& m : report.mismatched) initialise(m.key);

@@ -17,7 +17,7 @@ namespace torchpatch {
 const std::map<std::string, FamilyEntry>& families() {
   static const std::map<std::string, FamilyEntry> all = [] {
     std::map<std::string, FamilyEntry> m;
-    for (auto family : {llama_family(), mistral_family(), qwen2_family(), qwen2_moe_family(), qwen3_moe_family()}) m.emplace(family.model_type, std::move(family));
+    for (auto family : {llama_family(), mistral_family(), qwen2_family(), qwen2_moe_family(), qwen3_moe_family(), bert_family()}) m.emplace(family.model_type, std::move(family));
     return m;
   }();
   return all;
@@ -129,7 +129,8 @@ void init_random_weights(torch::nn::Module& model, uint64_t seed) {
     const auto& name = item.key();
     auto& p = item.value();
     auto noise = at::normal(0.0, 1.0, p.sizes(), gen, p.options());
-    if (name.find("norm") != std::string::npos) {
+    const bool norm = name.find("norm") != std::string::npos || name.find("LayerNorm") != std::string::npos;
+    if (norm && p.dim() == 1 && name.compare(name.size() - 5, 5, ".bias") != 0) {
       p.copy_(1.0 + 0.1 * noise);
     } else if (name.find("embed") != std::string::npos || p.dim() < 2) {
       p.copy_(p.dim() < 2 ? 0.1 * noise : noise);

@@ -204,6 +204,24 @@ MoeConfig read_moe(const json& j, const FieldReader& f, const MoeConfig& default
   return moe;
 }
 
+BertConfig read_bert(const FieldReader& f, const std::string& source) {
+  BertConfig bert;
+  bert.type_vocab_size = f.positive("type_vocab_size", bert.type_vocab_size);
+  bert.layer_norm_eps = f.number("layer_norm_eps", bert.layer_norm_eps);
+  bert.is_decoder = f.boolean("is_decoder", bert.is_decoder);
+  bert.add_cross_attention = f.boolean("add_cross_attention", bert.add_cross_attention);
+  if (bert.add_cross_attention && !bert.is_decoder) {
+    throw ConfigError(fmt::format("{}: add_cross_attention needs is_decoder (cross-attention belongs to a decoder)",
+                                  source));
+  }
+  const std::string embedding = f.string("position_embedding_type", "absolute");
+  if (embedding != "absolute") {
+    throw ConfigError(fmt::format("{}: position_embedding_type '{}' is not supported (only 'absolute')", source,
+                                  embedding));
+  }
+  return bert;
+}
+
 std::vector<int64_t> read_token_ids(const json& j, const char* key, const std::string& source) {
   if (!j.contains(key) || j.at(key).is_null()) return {};
   const auto& v = j.at(key);
@@ -266,6 +284,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   read_layer_types(j, f, family, d, source);
   d.qk_norm = defaults.qk_norm;
   if (family.moe) d.moe = read_moe(j, f, defaults.moe, d, source);
+  if (family.bert) config.bert = read_bert(f, source);
   d.rope = read_rope(j, source);
   if (d.rope.partial_rotary_factor <= 0 || d.rope.partial_rotary_factor > 1) {
     throw ConfigError(fmt::format("{}: partial_rotary_factor must be in (0, 1], got {}", source,
@@ -318,14 +337,21 @@ json ModelConfig::to_json() const {
   j["intermediate_size"] = decoder.intermediate_size;
   j["num_hidden_layers"] = decoder.num_hidden_layers;
   j["num_attention_heads"] = decoder.num_attention_heads;
+  j["max_position_embeddings"] = decoder.max_position_embeddings;
+  j["hidden_act"] = decoder.hidden_act;
+  j["tie_word_embeddings"] = decoder.tie_word_embeddings;
+  if (family_of(model_type, "config").bert) {
+    j["type_vocab_size"] = bert.type_vocab_size;
+    j["layer_norm_eps"] = bert.layer_norm_eps;
+    j["is_decoder"] = bert.is_decoder;
+    j["add_cross_attention"] = bert.add_cross_attention;
+    return j;
+  }
   j["num_key_value_heads"] = decoder.num_key_value_heads;
   j["head_dim"] = decoder.head_dim;
-  j["max_position_embeddings"] = decoder.max_position_embeddings;
   j["rms_norm_eps"] = decoder.rms_norm_eps;
-  j["hidden_act"] = decoder.hidden_act;
   j["attention_bias"] = decoder.attention_bias;
   j["mlp_bias"] = decoder.mlp_bias;
-  j["tie_word_embeddings"] = decoder.tie_word_embeddings;
   j["rope_theta"] = decoder.rope.theta;
   return j;
 }

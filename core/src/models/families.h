@@ -35,6 +35,7 @@ struct FamilyEntry {
   SlidingLayers sliding = SlidingLayers::kNone;
   Biases biases = Biases::kFromConfig;
   bool moe = false;  ///< reads the MoeConfig fields
+  bool bert = false;  ///< reads the BertConfig fields (and no decoder-only ones)
   std::string default_class;  ///< built when config.json names no known architecture
   std::map<std::string, std::function<std::shared_ptr<PretrainedModel>(const ModelConfig&)>> classes;
 };
@@ -87,5 +88,7 @@ FamilyEntry qwen2_moe_family();
 void add_qwen2_moe_builtins(std::map<std::string, ModuleClass>& classes);
 FamilyEntry qwen3_moe_family();
 void add_qwen3_moe_builtins(std::map<std::string, ModuleClass>& classes);
+FamilyEntry bert_family();
+void add_bert_builtins(std::map<std::string, ModuleClass>& classes);
 
 }  // namespace torchpatch

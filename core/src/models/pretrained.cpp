@@ -10,7 +10,8 @@ PretrainedModel::~PretrainedModel() = default;
 std::vector<PatchPoint> PretrainedModel::patch_points() const {
   std::vector<PatchPoint> points;
   for (const auto& item : named_modules("", /*include_self=*/false)) {
-    if (auto module = std::dynamic_pointer_cast<PatchableModule>(item.value())) {
+    auto module = std::dynamic_pointer_cast<PatchableModule>(item.value());
+    if (module && module->patch_record().built()) {
       points.push_back({item.key(), std::move(module)});
     }
   }

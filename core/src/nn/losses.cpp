@@ -11,9 +11,9 @@ namespace torchpatch::nn {
 namespace {
 // Hugging Face upcasts to float32; float64 stays as it is.
 at::Tensor at_least_float(const at::Tensor& t) { return t.to(reduction_type(t.scalar_type())); }
-}  // namespace
 
-at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels) {
+// Labels [B, T] against logits [B, T, V]: ids in range or -100 (ignored).
+at::Tensor checked_labels(const at::Tensor& logits, const at::Tensor& labels) {
   if (labels.dim() != 2 || labels.size(0) != logits.size(0) || labels.size(1) != logits.size(1)) {
     throw InputError(fmt::format("labels: shape {} does not match the logits' [batch, seq] {}x{}",
                                  fmt::join(labels.sizes(), "x"), logits.size(0), logits.size(1)));
@@ -23,10 +23,24 @@ at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels) {
   if (((target < 0).logical_and(target != -100)).logical_or(target >= vocab).any().item<bool>()) {
     throw InputError(fmt::format("labels: ids must be in 0..{} or -100 (ignored)", vocab - 1));
   }
-  // Position t predicts label t+1; the last position predicts nothing.
-  auto shifted = at::constant_pad_nd(target, {0, 1}, -100).narrow(1, 1, target.size(1));
-  return at::cross_entropy_loss(at_least_float(logits).reshape({-1, vocab}), shifted.reshape({-1}), {},
+  return target;
+}
+
+at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& target) {
+  const int64_t vocab = logits.size(-1);
+  return at::cross_entropy_loss(at_least_float(logits).reshape({-1, vocab}), target.reshape({-1}), {},
                                 at::Reduction::Mean, /*ignore_index=*/-100);
+}
+}  // namespace
+
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels) {
+  const auto target = checked_labels(logits, labels);
+  // Position t predicts label t+1; the last position predicts nothing.
+  return cross_entropy(logits, at::constant_pad_nd(target, {0, 1}, -100).narrow(1, 1, target.size(1)));
+}
+
+at::Tensor masked_lm_loss(const at::Tensor& logits, const at::Tensor& labels) {
+  return cross_entropy(logits, checked_labels(logits, labels));
 }
 
 at::Tensor load_balancing_loss(const std::vector<at::Tensor>& router_logits, int64_t num_experts, int64_t top_k,

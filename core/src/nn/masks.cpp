@@ -53,4 +53,15 @@ at::Tensor causal_mask(const at::Tensor& padding_mask, int64_t batch, int64_t q_
   return mask;
 }
 
+at::Tensor bidirectional_mask(const at::Tensor& padding_mask, c10::ScalarType dtype) {
+  if (!padding_mask.defined()) return {};
+  if (padding_mask.dim() != 2) {
+    throw InputError(fmt::format("attention_mask: expected [batch, keys], got {}", fmt::join(padding_mask.sizes(), "x")));
+  }
+  const auto keep = padding_mask.to(at::kBool);
+  if (keep.all().item<bool>()) return {};
+  auto mask = at::zeros({padding_mask.size(0), 1, 1, padding_mask.size(1)}, at::TensorOptions().dtype(dtype));
+  return mask.masked_fill(keep.logical_not().view(mask.sizes()), lowest(dtype));
+}
+
 }  // namespace torchpatch::nn

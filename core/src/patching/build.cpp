@@ -33,6 +33,7 @@ const std::map<std::string, ModuleClass>& builtin_classes() {
     add_qwen2_builtins(all);
     add_qwen2_moe_builtins(all);
     add_qwen3_moe_builtins(all);
+    add_bert_builtins(all);
     return all;
   }();
   return classes;

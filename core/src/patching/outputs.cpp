@@ -35,6 +35,10 @@ std::map<std::string, std::map<std::string, OutputRecorder>>& recorders() {
         named["selected_experts"] = {router, 2, ""};
       }
     }
+    for (const char* model : {"BertModel", "BertForMaskedLM"}) {
+      m[model]["attentions"] = {"BertSelfAttention", 1, ""};
+      m[model]["cross_attentions"] = {"BertCrossAttention", 1, ""};
+    }
     return m;
   }();
   return all;

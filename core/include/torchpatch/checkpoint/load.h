@@ -30,6 +30,9 @@ struct TORCHPATCH_API LoadReport {
   std::vector<Mismatch> mismatched;                    ///< provided with the wrong shape (not loaded)
   std::map<std::string, std::string> conversion_errors;  ///< target key -> what went wrong
   std::vector<std::string> conversions;                ///< rules that converted something
+  /// Tensors of another task's head, left out when a head checkpoint loads into the base model
+  /// (Hugging Face warns and goes on; so does loading here, strict or not).
+  std::vector<std::string> ignored;
   bool strict = true;
 
   bool clean() const { return missing.empty() && unexpected.empty() && mismatched.empty() && conversion_errors.empty(); }

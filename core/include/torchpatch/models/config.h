@@ -53,7 +53,9 @@ struct TORCHPATCH_API MoeConfig {
   bool is_sparse_layer(int64_t layer_idx) const;
 };
 
-/// The fields every decoder-only family here shares (Llama, Mistral, Qwen2 and the MoE families).
+/// The fields every family here shares (vocabulary, widths, layers, heads, activation, positions,
+/// padding, tying), named for the decoder-only families (Llama, Mistral, Qwen2, the MoE families)
+/// whose other fields it also holds. BERT reads the shared ones from here and its own from BertConfig.
 struct TORCHPATCH_API DecoderConfig {
   int64_t vocab_size = 32000;
   int64_t hidden_size = 4096;
@@ -87,11 +89,20 @@ struct TORCHPATCH_API DecoderConfig {
   int64_t max_positions() const;
 };
 
+/// BERT's own fields (hf-semantics 5.6).
+struct TORCHPATCH_API BertConfig {
+  int64_t type_vocab_size = 2;
+  double layer_norm_eps = 1e-12;
+  bool is_decoder = false;           ///< causal self-attention
+  bool add_cross_attention = false;  ///< a cross-attention block in every layer (needs is_decoder)
+};
+
 /// A model's configuration: its `model_type`, the typed fields the built-in modules use, and the raw
 /// JSON so replacements can read any field they need.
 struct TORCHPATCH_API ModelConfig {
   std::string model_type;
   DecoderConfig decoder;
+  BertConfig bert;  ///< model_type "bert" only
   nlohmann::json raw = nlohmann::json::object();
 
   /// Parses a config.json object; fills Hugging Face's defaults for `model_type`.

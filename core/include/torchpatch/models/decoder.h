@@ -32,6 +32,7 @@ class TORCHPATCH_API DecoderModel : public PretrainedModel {
   DecoderModel(const ModelConfig& config, const DecoderFamily& family, const std::string& prefix = "");
 
   ModelOutput forward(const ModelInputs& inputs) override;
+  std::string base_model_prefix() const override { return "model"; }
 
   std::shared_ptr<nn::Embedding> embed_tokens;
   torch::nn::ModuleList layers{nullptr};
@@ -63,6 +64,7 @@ class TORCHPATCH_API DecoderForCausalLM : public PretrainedModel {
 
   ModelOutput forward(const ModelInputs& inputs) override;
   std::map<std::string, std::string> tied_weights() const override;
+  std::string base_model_prefix() const override { return "model"; }
 
   std::shared_ptr<DecoderModel> model;
   std::shared_ptr<LmHead> lm_head;

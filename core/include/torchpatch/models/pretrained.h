@@ -24,7 +24,11 @@ struct TORCHPATCH_API ModelInputs {
   at::Tensor input_ids;       ///< [B, T] int64
   at::Tensor attention_mask;  ///< [B, P+T] (P cached tokens), 1 = real token; undefined = all real
   at::Tensor position_ids;    ///< [B, T] int64; undefined = P..P+T-1
-  at::Tensor token_type_ids;  ///< [B, T] (encoder families)
+  at::Tensor token_type_ids;  ///< [B, T] segment ids (BERT); undefined = all 0
+  /// BERT in decoder mode with cross-attention: the encoder's output [B, S, H] and its padding mask
+  /// [B, S] (1 = real token; undefined = all real).
+  at::Tensor encoder_hidden_states;
+  at::Tensor encoder_attention_mask;
   bool output_hidden_states = false;
   /// Keys/values of earlier tokens; the forward appends this call's. Undefined with use_cache: a new one.
   std::shared_ptr<DynamicCache> past_key_values;
@@ -45,6 +49,7 @@ struct TORCHPATCH_API ModelInputs {
 struct TORCHPATCH_API ModelOutput {
   at::Tensor logits;                      ///< [B, T, V] for language-model heads
   at::Tensor last_hidden_state;           ///< [B, T, H]
+  at::Tensor pooler_output;               ///< [B, H] (BERT with a pooler)
   std::vector<at::Tensor> hidden_states;  ///< L+1 entries when asked (Hugging Face convention)
   std::shared_ptr<DynamicCache> past_key_values;  ///< the cache, when one was given or use_cache was set
   /// Captured outputs by name (ModelInputs::outputs), one tensor per call of a matching module, in
@@ -60,7 +65,9 @@ struct TORCHPATCH_API PatchPoint {
   std::shared_ptr<PatchableModule> module;
 };
 
-class TORCHPATCH_API PretrainedModel : public torch::nn::Module {
+/// A whole model. It is a PatchableModule so that a model nested in another (BERT's `bert` under a
+/// task head) can be a patch point like any block.
+class TORCHPATCH_API PretrainedModel : public PatchableModule {
  public:
   PretrainedModel(ModelConfig config, std::string class_name);
   ~PretrainedModel() override;
@@ -71,12 +78,17 @@ class TORCHPATCH_API PretrainedModel : public torch::nn::Module {
   /// Hugging Face class name, e.g. "LlamaForCausalLM".
   const std::string& class_name() const { return class_name_; }
 
-  /// Every module built through a patch point, in module-tree order.
+  /// Every module built through a patch point, in module-tree order (the model itself not included).
   std::vector<PatchPoint> patch_points() const;
 
   /// State-dict keys that share another key's tensor and are absent from checkpoints
   /// (e.g. lm_head.weight -> model.embed_tokens.weight when embeddings are tied).
   virtual std::map<std::string, std::string> tied_weights() const { return {}; }
+
+  /// Where a task head keeps the base model ("model" for decoders, "bert" for BERT; Hugging Face's
+  /// `base_model_prefix`). Loading adds or strips it, so a base checkpoint loads into a head model
+  /// and a head checkpoint into the base model.
+  virtual std::string base_model_prefix() const { return {}; }
 
  private:
   ModelConfig config_;

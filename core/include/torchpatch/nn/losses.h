@@ -1,4 +1,4 @@
-// Training losses: next-token cross-entropy and the MoE load-balancing auxiliary loss.
+// Training losses: next-token and masked-token cross-entropy and the MoE load-balancing auxiliary loss.
 #pragma once
 
 #include "torchpatch/export.h"
@@ -12,6 +12,10 @@ namespace torchpatch::nn {
 /// Hugging Face's ForCausalLMLoss: logits [B, T, V] (upcast to float32) predict labels [B, T] shifted
 /// by one; label -100 is ignored; the mean over the remaining positions.
 TORCHPATCH_API at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels);
+
+/// Hugging Face's masked-LM loss (BertForMaskedLM): logits [B, T, V] predict labels [B, T] at the same
+/// position; label -100 is ignored; the mean over the remaining positions.
+TORCHPATCH_API at::Tensor masked_lm_loss(const at::Tensor& logits, const at::Tensor& labels);
 
 /// Hugging Face's load_balancing_loss_func: router logits of every sparse layer (each [B*T, E]),
 /// top-k routing recomputed from their softmax; num_experts * sum(fraction of tokens per expert *

@@ -33,4 +33,8 @@ TORCHPATCH_API at::Tensor attention_mask(const at::Tensor& padding_mask, const M
 TORCHPATCH_API at::Tensor causal_mask(const at::Tensor& padding_mask, int64_t batch, int64_t q_len, int64_t past_len,
                                       c10::ScalarType dtype);
 
+/// Padding-only mask of an encoder (BERT): [B, 1, 1, KV] from `padding_mask` [B, KV] (1 = real
+/// token), every query seeing every real key. Undefined when there is no padding to mask.
+TORCHPATCH_API at::Tensor bidirectional_mask(const at::Tensor& padding_mask, c10::ScalarType dtype);
+
 }  // namespace torchpatch::nn

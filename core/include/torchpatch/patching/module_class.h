@@ -34,6 +34,10 @@ struct TORCHPATCH_API BuildContext {
   std::string path;           ///< dotted module path, e.g. "model.layers.3.self_attn"
   /// An MLP's width when it is not config.intermediate_size (a MoE block's shared expert); 0 = default.
   int64_t intermediate_size = 0;
+  /// BERT: the BertAttention being built wraps cross-attention (BertCrossAttention), not self-attention.
+  bool is_cross_attention = false;
+  /// BERT: whether the BertModel being built has a pooler (Hugging Face's `add_pooling_layer`).
+  bool add_pooling_layer = true;
 };
 
 /// How the class of a built module was chosen.
@@ -43,7 +47,9 @@ struct TORCHPATCH_API PatchRecord {
   std::string rule;         ///< "builtin", "exact key" or "pattern 'RX'"
   Origin origin;
   std::string path;  ///< where it was built, e.g. "model.layers.3.mlp.gate"
-  bool patched() const { return rule != "builtin"; }
+  /// Whether the module was built through a patch point (a model's own `model` part is not).
+  bool built() const { return !key.empty(); }
+  bool patched() const { return built() && rule != "builtin"; }
 };
 
 /// Base of every module built through a patch point. Remembers how it was chosen and can report

@@ -1,0 +1,231 @@
+// torchpatch verify: the original and the patched model, from the same weights, on the same inputs.
+// Per output the max abs and relative difference, whether MoE expert choices agree, and the speed
+// ratio; exit 1 when an output is out of tolerance or an expert choice differs.
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "commands.h"
+#include "session.h"
+#include "torchpatch/checkpoint/load.h"
+#include "torchpatch/error.h"
+#include "torchpatch/models/auto.h"
+#include "torchpatch/patching/scope.h"
+
+namespace torchpatch::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// One compared output.
+struct Comparison {
+  std::string name;
+  double max_abs = 0.0;
+  double max_rel = 0.0;  // |a - b| / |b| over elements with |b| >= 1e-6
+  bool ok = true;        // |a - b| <= atol + rtol * |b| everywhere compared
+};
+
+// Compares `actual` with `expected` where `mask` (broadcast over trailing dims) is set.
+Comparison compare(const std::string& name, const at::Tensor& actual, const at::Tensor& expected, const at::Tensor& mask,
+                   double atol, double rtol) {
+  Comparison c{name};
+  if (actual.sizes() != expected.sizes()) {
+    throw Error(fmt::format("{}: the patched model gives shape [{}], the original [{}]", name,
+                            fmt::join(actual.sizes(), ", "), fmt::join(expected.sizes(), ", ")));
+  }
+  auto a = actual.to(at::kDouble), e = expected.to(at::kDouble);
+  auto keep = mask.defined() ? mask.to(at::kBool) : at::ones({}, at::kBool);
+  while (keep.dim() > 0 && keep.dim() < a.dim()) keep = keep.unsqueeze(-1);
+  keep = keep.expand(a.sizes());
+  const auto diff = (a - e).abs().masked_select(keep);
+  const auto ref = e.abs().masked_select(keep);
+  if (diff.numel() == 0) return c;
+  c.max_abs = diff.max().item<double>();
+  const auto big = ref >= 1e-6;
+  if (big.any().item<bool>()) c.max_rel = (diff.masked_select(big) / ref.masked_select(big)).max().item<double>();
+  c.ok = (diff <= atol + rtol * ref).all().item<bool>() && std::isfinite(c.max_abs);
+  return c;
+}
+
+// Median wall time of `repeat` forwards, after one warm-up.
+double median_seconds(PretrainedModel& model, const ModelInputs& inputs, int64_t repeat) {
+  model.forward(inputs);
+  std::vector<double> times;
+  for (int64_t i = 0; i < repeat; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    model.forward(inputs);
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// Default inputs: two rows of 16 random token ids (seed 0).
+ModelInputs default_inputs(const ModelConfig& config) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
+  ModelInputs in;
+  in.input_ids = at::randint(0, config.decoder.vocab_size, {2, 16}, gen, at::kLong);
+  return in;
+}
+
+// A temporary directory removed on scope exit.
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / fmt::format("torchpatch-verify-{}", ::getpid());
+  TempDir() { fs::remove_all(path); }
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(path, ignored);
+  }
+};
+
+}  // namespace
+
+int cmd_verify(const std::vector<std::string>& argv) {
+  auto specs = model_options();
+  specs.insert(specs.begin() + 3,
+               {{"prompt-ids", "IDS", "token ids, e.g. 1,2,3 (default: 2 rows of 16 random ids, seed 0)"},
+                {"inputs", "FILE", "safetensors file with input_ids [B,T] and optional attention_mask, position_ids, "
+                                   "token_type_ids (a reference case's reference.safetensors works)"},
+                {"atol", "X", "absolute tolerance (default 1e-4)"},
+                {"rtol", "X", "relative tolerance (default 1e-4)"},
+                {"repeat", "N", "timed forwards of each model; the median counts (default 5)"}});
+  const Args args(specs, argv);
+  if (args.flag("help")) {
+    std::cout << usage("verify",
+                       "Build the model twice from the same weights, original and patched, run both on the same "
+                       "inputs, and compare every output (exit 1 past --atol/--rtol or when expert choices differ).",
+                       specs);
+    return 0;
+  }
+  const double atol = number_option(args, "atol", 1e-4), rtol = number_option(args, "rtol", 1e-4);
+  if (!(atol >= 0) || !(rtol >= 0)) throw UsageError("--atol and --rtol must be >= 0");
+  const int64_t repeat = int_option(args, "repeat", 5, 1);
+  if (args.has("model") == args.has("preset")) throw UsageError("give exactly one of --model DIR and --preset NAME");
+  if (args.has("prompt-ids") && args.has("inputs")) throw UsageError("give at most one of --prompt-ids and --inputs");
+
+  PluginHost host(PluginHostOptions{args.flag("strict"), args.flag("allow-world-writable")});
+  load_plugins(host, args);
+  apply_patch_args(host, args);
+  const PretrainedOptions options = pretrained_options(args);
+
+  // The original, built with no patch at all; a preset is saved so both load the same tensors.
+  TempDir temp;
+  fs::path weights = args.value("model");
+  std::shared_ptr<PretrainedModel> original;
+  {
+    ApplyPatches none{PatchMapping()};
+    if (args.has("preset")) {
+      auto model = construct_model(preset_config(args.value("preset")));
+      init_random_weights(*model, /*seed=*/0);
+      checkpoint::save_pretrained(*model, temp.path);
+      weights = temp.path;
+    }
+    original = from_pretrained(weights, options);
+  }
+  std::shared_ptr<PretrainedModel> patched;
+  std::vector<std::string> replaced;
+  {
+    ApplyPatches scope;
+    patched = from_pretrained(weights, options);
+    for (const auto& point : patched->patch_points()) {
+      const auto& record = point.module->patch_record();
+      if (record.patched()) replaced.push_back(fmt::format("{}: {} -> {}", point.path, record.key, record.class_name));
+    }
+    if (args.flag("strict") && !scope.unmatched_keys().empty()) {
+      throw PatchError(fmt::format("--strict: patch key '{}' matched no patch point of {}", scope.unmatched_keys().front(),
+                                   patched->class_name()));
+    }
+  }
+  if (replaced.empty()) {
+    throw UsageError(fmt::format("nothing to verify: no patch point of {} is replaced (give --patch KEY=CLASS or "
+                                 "--plugin-dir DIR)",
+                                 patched->class_name()));
+  }
+  original->eval();
+  patched->eval();
+
+  ModelInputs inputs = args.has("prompt-ids") || args.has("inputs") ? read_model_inputs(args)
+                                                                    : default_inputs(original->config());
+  inputs.output_hidden_states = true;
+  const bool moe = original->config().decoder.moe.num_experts > 0;
+  if (moe) inputs.outputs = {"router_logits", "selected_experts"};
+
+  at::NoGradGuard no_grad;
+  const auto want = original->forward(inputs);
+  const auto got = patched->forward(inputs);
+  const auto& mask = inputs.attention_mask;
+  std::vector<Comparison> results;
+  if (want.logits.defined()) results.push_back(compare("logits", got.logits, want.logits, mask, atol, rtol));
+  results.push_back(compare("last_hidden_state", got.last_hidden_state, want.last_hidden_state, mask, atol, rtol));
+  if (want.pooler_output.defined()) {
+    results.push_back(compare("pooler_output", got.pooler_output, want.pooler_output, {}, atol, rtol));
+  }
+  for (size_t i = 0; i < want.hidden_states.size() && i < got.hidden_states.size(); ++i) {
+    results.push_back(compare(fmt::format("hidden_states[{}]", i), got.hidden_states[i], want.hidden_states[i], mask,
+                              atol, rtol));
+  }
+  // MoE: router logits per sparse layer (rows b*T+t) and the chosen experts, exactly.
+  int64_t rows_total = 0, rows_agree = 0;
+  if (moe) {
+    const auto row_mask = mask.defined() ? mask.reshape({-1}) : at::Tensor();
+    const auto& logits_a = want.captured.at("router_logits");
+    const auto& logits_b = got.captured.at("router_logits");
+    const auto& experts_a = want.captured.at("selected_experts");
+    const auto& experts_b = got.captured.at("selected_experts");
+    if (logits_a.size() != logits_b.size() || experts_a.size() != experts_b.size()) {
+      throw Error(fmt::format("the patched model routes in {} layers, the original in {}", experts_b.size(),
+                              experts_a.size()));
+    }
+    for (size_t i = 0; i < logits_a.size(); ++i) {
+      results.push_back(compare(fmt::format("router_logits[{}]", i), logits_b[i], logits_a[i], row_mask, atol, rtol));
+      auto same = (experts_a[i] == experts_b[i]).all(-1);  // [rows]
+      if (row_mask.defined()) same = same.masked_select(row_mask.to(at::kBool));
+      rows_total += same.numel();
+      rows_agree += same.sum().item<int64_t>();
+    }
+  }
+  const double t_original = median_seconds(*original, inputs, repeat);
+  const double t_patched = median_seconds(*patched, inputs, repeat);
+  const double speed_ratio = t_original / t_patched;
+  const bool experts_ok = rows_agree == rows_total;
+  const bool pass = experts_ok && std::all_of(results.begin(), results.end(), [](const auto& c) { return c.ok; });
+
+  if (args.flag("json")) {
+    auto outputs = nlohmann::json::array();
+    for (const auto& c : results) {
+      outputs.push_back({{"name", c.name}, {"max_abs_diff", c.max_abs}, {"max_rel_diff", c.max_rel}, {"ok", c.ok}});
+    }
+    nlohmann::json j{{"model", original->class_name()}, {"replaced", replaced}, {"outputs", outputs},
+                     {"atol", atol}, {"rtol", rtol}, {"original_seconds", t_original},
+                     {"patched_seconds", t_patched}, {"speed_ratio", speed_ratio}, {"pass", pass}};
+    if (moe) j["expert_choices"] = {{"rows", rows_total}, {"agree", rows_agree}};
+    std::cout << j.dump(2) << "\n";
+    return pass ? 0 : 1;
+  }
+  std::cout << fmt::format("{} from {}: {} patch point{} replaced\n", original->class_name(), weights.string(),
+                           replaced.size(), replaced.size() == 1 ? "" : "s");
+  for (const auto& line : replaced) std::cout << "  " << line << "\n";
+  std::cout << fmt::format("{:<22} {:>12} {:>12}  within atol {:g} + rtol {:g}\n", "output", "max abs", "max rel",
+                           atol, rtol);
+  for (const auto& c : results) {
+    std::cout << fmt::format("{:<22} {:>12.3g} {:>12.3g}  {}\n", c.name, c.max_abs, c.max_rel, c.ok ? "yes" : "NO");
+  }
+  if (moe) {
+    std::cout << fmt::format("expert choices: {} of {} (token, layer) top-k sets agree{}\n", rows_agree, rows_total,
+                             experts_ok ? "" : " (DIFFERENT)");
+  }
+  std::cout << fmt::format("speed: original {:.2f} ms, patched {:.2f} ms per forward (median of {}): patched runs at "
+                           "{:.2f}x the original's speed\n",
+                           t_original * 1e3, t_patched * 1e3, repeat, speed_ratio);
+  std::cout << (pass ? "PASS\n" : "FAIL\n");
+  return pass ? 0 : 1;
+}
+
+}  // namespace torchpatch::cli
