@@ -120,4 +120,11 @@ cmp "$work/plain.safetensors" "$work/patched.safetensors" || fail "the plugin ch
 [[ $(grep -v -e '^MyLlamaMLP: ' -e '^wrote ' <<<"$patched") == $(grep -v '^wrote ' <<<"$plain") ]] \
   || { echo "$plain"; fail "the plugin changed the predictions"; }
 
+echo "== $cli verify --model llama_basic --plugin-dir $plugin_build"
+out=$("$cli" verify --model "$checkpoint" --inputs "$checkpoint/reference.safetensors" --plugin-dir "$plugin_build" \
+  --repeat 1) || { echo "$out"; fail "verify did not pass"; }
+echo "$out"
+expect_line "$out" "model.layers.0.mlp: LlamaMLP -> MyLlamaMLP" 1
+expect_line "$out" "PASS" 1
+
 echo "PASS"
