@@ -13,3 +13,7 @@ echo; echo "\$ torchpatch run --preset tiny-llama --prompt-ids 1,2,3,4 --patch L
 "$tp" run --preset tiny-llama --prompt-ids 1,2,3,4 --patch LlamaAttention=CustomLlamaAttention
 echo; echo "\$ torchpatch generate --preset tiny-mistral --prompt-ids 1,2,3,4 --max-new-tokens 16 --patch MistralAttention=FusedQKVAttention"
 "$tp" generate --preset tiny-mistral --prompt-ids 1,2,3,4 --max-new-tokens 16 --patch MistralAttention=FusedQKVAttention
+echo; echo "\$ torchpatch verify --preset tiny-llama --patch LlamaAttention=FusedQKVAttention"
+"$tp" verify --preset tiny-llama --patch LlamaAttention=FusedQKVAttention
+echo; echo "\$ torchpatch run --preset tiny-bert --prompt-ids 1,2,3,4"
+"$tp" run --preset tiny-bert --prompt-ids 1,2,3,4

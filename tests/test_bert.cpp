@@ -11,6 +11,7 @@
 #include "torchpatch/models/auto.h"
 #include "torchpatch/error.h"
 #include "torchpatch/models/bert.h"
+#include "torchpatch/models/llama.h"
 #include "torchpatch/patching/build.h"
 #include "torchpatch/patching/registry.h"
 
@@ -136,6 +137,14 @@ TEST_CASE("The .*Attention trap: a self-attention replacement hitting BertAttent
       CHECK_THAT(text, Contains("of role BertSelfAttention"));
       CHECK_THAT(text, Contains("'.*SelfAttention$'"));
     }
+  }
+  // A decoder attention class under the same pattern: the suggestion spells out the decoder keys.
+  {
+    ModuleClass decoder_attention = module_class<llama::LlamaAttention>("LlamaAttention");
+    ScopedPatchMapping patch({{".*Attention", decoder_attention}});
+    CHECK_THROWS_WITH(from_pretrained(case_dir()),
+                      Contains("of role Attention; use a narrower pattern such as '^(LlamaAttention|MistralAttention|"
+                               "Qwen2Attention|Qwen2MoeAttention|Qwen3MoeAttention)$'"));
   }
   // The suggested pattern works, and changes nothing numerically.
   ScopedPatchMapping patch({{".*SelfAttention$", counting}});

@@ -63,10 +63,13 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }  // namespace
 
 std::string suggest_narrower_pattern(const std::string& key, const std::string& wanted_role) {
-  // The shortest CamelCase suffix shared by the most keys of the wanted role that `key` lacks.
+  // The shortest CamelCase suffix that every key of the wanted role has and `key` lacks; failing
+  // that, those keys spelled out.
   std::map<std::string, int> votes;
+  std::vector<std::string> wanted;
   for (const auto& [name, cls] : builtin_classes()) {
     if (cls.role != wanted_role) continue;
+    wanted.push_back(name);
     for (const auto& suffix : camel_suffixes(name)) {
       if (!ends_with(key, suffix)) votes[suffix]++;
     }
@@ -79,7 +82,9 @@ std::string suggest_narrower_pattern(const std::string& key, const std::string& 
       best_votes = count;
     }
   }
-  return best.empty() ? std::string() : ".*" + best + "$";
+  if (!best.empty() && best_votes == static_cast<int>(wanted.size())) return ".*" + best + "$";
+  if (wanted.empty()) return {};
+  return fmt::format("^({})$", fmt::join(wanted, "|"));
 }
 
 namespace detail {

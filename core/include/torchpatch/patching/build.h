@@ -20,8 +20,9 @@ TORCHPATCH_API const std::map<std::string, ModuleClass>& builtin_classes();
 /// Role of a known patch-point key, or "" for an unknown key.
 TORCHPATCH_API std::string patch_point_role(const std::string& key);
 
-/// A pattern that matches keys of `wanted_role` among `matched` but not `key`, e.g.
-/// ".*SelfAttention$" for a BertSelfAttention replacement that also hit "BertAttention".
+/// A pattern that matches every key of `wanted_role` but not `key`: ".*SelfAttention$" for a
+/// BertSelfAttention replacement that also hit "BertAttention", or the keys spelled out,
+/// "^(LlamaAttention|...)$", when no common suffix leaves `key` out. "" when the role has no keys.
 TORCHPATCH_API std::string suggest_narrower_pattern(const std::string& key, const std::string& wanted_role);
 
 namespace detail {
