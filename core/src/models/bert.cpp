@@ -281,14 +281,7 @@ BertModel::BertModel(const BuildContext& ctx) : roles::BertModel(ctx.config, "Be
 }
 
 ModelOutput BertModel::forward(const ModelInputs& in) {
-  if (!in.outputs.empty()) {
-    CaptureOutputs capture(class_name(), in.outputs);
-    ModelInputs inner = in;
-    inner.outputs.clear();
-    auto out = forward(inner);
-    out.captured = capture.take();
-    return out;
-  }
+  if (!in.outputs.empty()) return forward_capturing(in);
   const auto& d = config().decoder;
   const auto& b = config().bert;
   if (in.past_key_values || in.use_cache) {

@@ -96,14 +96,7 @@ DecoderModel::DecoderModel(const ModelConfig& config, const DecoderFamily& famil
 }
 
 ModelOutput DecoderModel::forward(const ModelInputs& in) {
-  if (!in.outputs.empty()) {
-    CaptureOutputs capture(class_name(), in.outputs);
-    ModelInputs inner = in;
-    inner.outputs.clear();
-    auto out = forward(inner);
-    out.captured = capture.take();
-    return out;
-  }
+  if (!in.outputs.empty()) return forward_capturing(in);
   const auto& d = config().decoder;
   auto cache = in.past_key_values;
   if (!cache && in.use_cache) cache = std::make_shared<DynamicCache>(d);

@@ -1,5 +1,7 @@
 #include "torchpatch/models/pretrained.h"
 
+#include "torchpatch/patching/outputs.h"
+
 namespace torchpatch {
 
 PretrainedModel::PretrainedModel(ModelConfig config, std::string class_name)
@@ -16,6 +18,15 @@ std::vector<PatchPoint> PretrainedModel::patch_points() const {
     }
   }
   return points;
+}
+
+ModelOutput PretrainedModel::forward_capturing(const ModelInputs& inputs) {
+  CaptureOutputs capture(class_name(), inputs.outputs);
+  ModelInputs inner = inputs;
+  inner.outputs.clear();
+  auto out = forward(inner);
+  out.captured = capture.take();
+  return out;
 }
 
 }  // namespace torchpatch

@@ -90,6 +90,11 @@ class TORCHPATCH_API PretrainedModel : public PatchableModule {
   /// and a head checkpoint into the base model.
   virtual std::string base_model_prefix() const { return {}; }
 
+ protected:
+  /// forward(inputs) without `inputs.outputs`, inside a CaptureOutputs of this class for them: the
+  /// result with `captured` filled. For a forward that was asked to capture.
+  ModelOutput forward_capturing(const ModelInputs& inputs);
+
  private:
   ModelConfig config_;
   std::string class_name_;
