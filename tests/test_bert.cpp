@@ -179,9 +179,10 @@ TEST_CASE("BertForMaskedLM: base checkpoint in, prefixed checkpoint out, tied de
                                                    "cls.predictions.transform.LayerNorm.weight",
                                                    "cls.predictions.transform.dense.bias",
                                                    "cls.predictions.transform.dense.weight"});
-  // The pooler's tensors have no place in the masked-LM model.
-  CHECK(std::set<std::string>(report.unexpected.begin(), report.unexpected.end()) ==
-        std::set<std::string>{"bert.pooler.dense.bias", "bert.pooler.dense.weight"});
+  // The pooler's tensors have no place in the masked-LM model: ignored, as Hugging Face does.
+  CHECK(report.unexpected.empty());
+  CHECK(std::set<std::string>(report.ignored.begin(), report.ignored.end()) ==
+        std::set<std::string>{"pooler.dense.bias", "pooler.dense.weight"});
   check_against_reference(*model);
 
   // Logits: the transform, then the embedding table itself as decoder weight, plus the head's bias.
@@ -244,13 +245,12 @@ TEST_CASE("BertForMaskedLM: masked-LM loss over the labelled positions", "[bert]
   CHECK(model->named_parameters()["bert.embeddings.word_embeddings.weight"].grad().abs().sum().item<double>() > 0);
 }
 
-TEST_CASE("bert_model: legacy LayerNorm.gamma / beta names load", "[bert][checkpoint]") {
-  const auto dir = temp_dir("legacy");
-  std::filesystem::create_directories(dir);
-  std::filesystem::copy_file(case_dir() / "config.json", dir / "config.json");
+namespace {
+
+// The case's tensors under their legacy names (LayerNorm.gamma / beta), keys prefixed with `prefix`.
+std::vector<std::pair<std::string, at::Tensor>> legacy_tensors(const std::string& prefix, int& renamed) {
   const auto original = checkpoint::Checkpoint::open(case_dir());
-  std::vector<std::pair<std::string, at::Tensor>> renamed;
-  int legacy = 0;
+  std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& key : original.keys()) {
     std::string name = key;
     for (const auto& [now, old] : {std::pair<std::string, std::string>{"LayerNorm.weight", "LayerNorm.gamma"},
@@ -258,15 +258,71 @@ TEST_CASE("bert_model: legacy LayerNorm.gamma / beta names load", "[bert][checkp
       const auto at = name.find(now);
       if (at != std::string::npos) {
         name.replace(at, now.size(), old);
-        ++legacy;
+        ++renamed;
       }
     }
-    renamed.emplace_back(name, original.tensor(key));
+    out.emplace_back(prefix + name, original.tensor(key));
   }
-  CHECK(legacy == 10);  // embeddings + 2 per layer, weight and bias each
-  checkpoint::save_safetensors(dir / "model.safetensors", renamed);
+  return out;
+}
+
+std::filesystem::path write_case(const std::string& name, const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  const auto dir = temp_dir(name);
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(case_dir() / "config.json", dir / "config.json");
+  checkpoint::save_safetensors(dir / "model.safetensors", tensors);
+  return dir;
+}
+
+}  // namespace
+
+TEST_CASE("bert_model: legacy LayerNorm.gamma / beta names load", "[bert][checkpoint]") {
+  int renamed = 0;
+  const auto dir = write_case("legacy", legacy_tensors("", renamed));
+  CHECK(renamed == 10);  // embeddings + 2 per layer, weight and bias each
   auto model = from_pretrained(dir);
   check_against_reference(*model);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("A pre-training checkpoint in the old hub layout loads strictly into BertModel and BertForMaskedLM",
+          "[bert][checkpoint]") {
+  // As bert-base-uncased stores it: `bert.` prefix, gamma/beta, the position_ids buffer, the masked-LM
+  // head with its decoder weight (the embedding table) and the next-sentence head.
+  int renamed = 0;
+  auto tensors = legacy_tensors("bert.", renamed);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  auto random = [&](std::vector<int64_t> shape) { return at::randn(shape, gen, at::TensorOptions()); };
+  const auto table = checkpoint::Checkpoint::open(case_dir()).tensor("embeddings.word_embeddings.weight");
+  const auto head_bias = random({256});
+  for (auto& item : std::vector<std::pair<std::string, at::Tensor>>{
+           {"bert.embeddings.position_ids", at::arange(64, at::kLong).unsqueeze(0)},
+           {"cls.predictions.bias", head_bias},
+           {"cls.predictions.transform.dense.weight", random({64, 64}) / 8.0},
+           {"cls.predictions.transform.dense.bias", random({64})},
+           {"cls.predictions.transform.LayerNorm.gamma", 1.0 + 0.1 * random({64})},
+           {"cls.predictions.transform.LayerNorm.beta", random({64})},
+           {"cls.predictions.decoder.weight", table},
+           {"cls.seq_relationship.weight", random({2, 64})},
+           {"cls.seq_relationship.bias", random({2})}}) {
+    tensors.push_back(item);
+  }
+  const auto dir = write_case("pretraining", tensors);
+
+  checkpoint::LoadReport base_report;
+  auto base = from_pretrained(dir, as_class("BertModel"), &base_report);
+  check_against_reference(*base);  // pooler included
+  CHECK(base_report.ignored.size() == 8);  // the two heads' tensors
+
+  checkpoint::LoadReport mlm_report;
+  auto mlm = from_pretrained(dir, as_class("BertForMaskedLM"), &mlm_report);
+  check_against_reference(*mlm);
+  CHECK(std::set<std::string>(mlm_report.ignored.begin(), mlm_report.ignored.end()) ==
+        std::set<std::string>{"bert.pooler.dense.bias", "bert.pooler.dense.weight", "cls.seq_relationship.bias",
+                              "cls.seq_relationship.weight"});
+  const auto& head = *dynamic_cast<bert::BertForMaskedLM&>(*mlm).predictions;
+  CHECK(at::equal(head.bias, head_bias));
+  CHECK(at::equal(head.decoder_weight, table));
   std::filesystem::remove_all(dir);
 }
 

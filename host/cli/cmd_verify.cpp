@@ -36,6 +36,7 @@ struct Comparison {
 Comparison compare(const std::string& name, const at::Tensor& actual, const at::Tensor& expected, const at::Tensor& mask,
                    double atol, double rtol) {
   Comparison c{name};
+  if (!actual.defined()) throw Error(fmt::format("{}: the original model produces it, the patched one does not", name));
   if (actual.sizes() != expected.sizes()) {
     throw Error(fmt::format("{}: the patched model gives shape [{}], the original [{}]", name,
                             fmt::join(actual.sizes(), ", "), fmt::join(expected.sizes(), ", ")));
@@ -149,6 +150,9 @@ int cmd_verify(const std::vector<std::string>& argv) {
   {
     ApplyPatches scope;
     patched = from_pretrained(weights, options);
+    if (patched->patch_record().patched()) {  // the whole model replaced (BertModel is a patch point)
+      replaced.push_back(fmt::format("(the model): {} -> {}", patched->patch_record().key, patched->patch_record().class_name));
+    }
     for (const auto& point : patched->patch_points()) {
       const auto& record = point.module->patch_record();
       if (record.patched()) replaced.push_back(fmt::format("{}: {} -> {}", point.path, record.key, record.class_name));
@@ -182,7 +186,11 @@ int cmd_verify(const std::vector<std::string>& argv) {
   if (want.pooler_output.defined()) {
     results.push_back(compare("pooler_output", got.pooler_output, want.pooler_output, {}, atol, rtol));
   }
-  for (size_t i = 0; i < want.hidden_states.size() && i < got.hidden_states.size(); ++i) {
+  if (got.hidden_states.size() != want.hidden_states.size()) {
+    throw Error(fmt::format("hidden_states: the patched model gives {}, the original {}", got.hidden_states.size(),
+                            want.hidden_states.size()));
+  }
+  for (size_t i = 0; i < want.hidden_states.size(); ++i) {
     results.push_back(compare(fmt::format("hidden_states[{}]", i), got.hidden_states[i], want.hidden_states[i], mask,
                               atol, rtol));
   }

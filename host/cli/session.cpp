@@ -136,8 +136,12 @@ ModelInputs read_model_inputs(const Args& args) {
 }
 
 void print_load_report(const BuiltModel& built) {
-  if (built.report && !built.report->clean()) {
+  if (!built.report) return;
+  if (!built.report->clean()) {
     std::cerr << "torchpatch: warning: " << built.report->describe(built.source) << "\n";
+  } else if (!built.report->ignored.empty()) {
+    std::cerr << fmt::format("torchpatch: note: {}: {} tensors of another task's head were not used ({})\n",
+                             built.source, built.report->ignored.size(), fmt::join(built.report->ignored, ", "));
   }
 }
 

@@ -106,46 +106,53 @@ std::vector<std::pair<std::string, at::Tensor>> run_group(const Group& group,
   return out;
 }
 
-// Old checkpoints store the rotary tables, which are computed, not loaded (Hugging Face ignores them).
+// Old checkpoints store buffers that are computed, not loaded (Hugging Face ignores them): the rotary
+// tables, and BERT's position and token-type id ranges.
 bool computed_not_loaded(const std::string& key) {
-  const std::string suffix = "rotary_emb.inv_freq";
-  return key.size() >= suffix.size() && key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0;
+  for (const std::string suffix : {"rotary_emb.inv_freq", "embeddings.position_ids", "embeddings.token_type_ids"}) {
+    if (key.size() >= suffix.size() && key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0) return true;
+  }
+  return false;
 }
 
-// Hugging Face's base_model_prefix: a checkpoint of the base model (keys without "bert.") loads into a
-// task head (keys with it), and a task head's checkpoint into the base model, its head's keys ignored.
+// Hugging Face's base_model_prefix, decided per tensor: a checkpoint key is taken as it is when it
+// names a parameter, else with the prefix added (a base checkpoint in a task head) or taken off (a task
+// head's checkpoint in the base model).
 class BasePrefix {
  public:
   BasePrefix(const PretrainedModel& model, const std::map<std::string, at::Tensor>& params,
              const std::vector<std::string>& ckpt_keys)
-      : dot_(model.base_model_prefix().empty() ? "" : model.base_model_prefix() + ".") {
+      : dot_(model.base_model_prefix().empty() ? "" : model.base_model_prefix() + "."),
+        ignore_(model.ignored_checkpoint_keys()) {
     if (dot_.empty()) return;
-    auto any_prefixed = [&](auto&& keys) {
-      for (const auto& key : keys) {
-        if (prefixed(key_of(key))) return true;
-      }
-      return false;
-    };
-    const bool model_has = any_prefixed(params), ckpt_has = any_prefixed(ckpt_keys);
-    add_ = model_has && !ckpt_has;
-    strip_ = !model_has && ckpt_has;
+    for (const auto& item : params) model_has_ = model_has_ || prefixed(item.first);
+    for (const auto& key : ckpt_keys) ckpt_has_ = ckpt_has_ || prefixed(key);
   }
 
-  /// The model key for checkpoint key `key`; nullopt for a task head's tensor the base model lacks.
-  std::optional<std::string> adapt(const std::string& key) const {
-    if (add_) return dot_ + key;
-    if (!strip_) return key;
-    if (!prefixed(key)) return std::nullopt;
-    return key.substr(dot_.size());
+  /// The names to try for checkpoint key `key`, as it is first.
+  std::vector<std::string> candidates(const std::string& key) const {
+    if (dot_.empty()) return {key};
+    return {key, prefixed(key) ? key.substr(dot_.size()) : dot_ + key};
+  }
+
+  /// Whether a checkpoint key that names no parameter is left out as Hugging Face does: a tensor of
+  /// another task's head loading into the base model, or one the model class says to ignore.
+  bool ignorable(const std::string& key) const {
+    if (!dot_.empty() && !model_has_ && ckpt_has_ && !prefixed(key)) return true;
+    for (const auto& name : candidates(key)) {
+      for (const auto& start : ignore_) {
+        if (name.compare(0, start.size(), start) == 0) return true;
+      }
+    }
+    return false;
   }
 
  private:
-  static const std::string& key_of(const std::string& key) { return key; }
-  static const std::string& key_of(const std::pair<const std::string, at::Tensor>& item) { return item.first; }
   bool prefixed(const std::string& key) const { return key.compare(0, dot_.size(), dot_) == 0; }
 
   std::string dot_;  // "bert." or ""
-  bool add_ = false, strip_ = false;
+  std::vector<std::string> ignore_;
+  bool model_has_ = false, ckpt_has_ = false;
 };
 
 std::string source_name(const Checkpoint& ckpt) {
@@ -164,6 +171,7 @@ std::string LoadReport::describe(const std::string& source) const {
                         strict ? "" : " (left initialised)");
   }
   for (const auto& [key, error] : conversion_errors) text += fmt::format("\n  conversion for '{}' failed: {}", key, error);
+  for (const auto& key : ignored) text += fmt::format("\n  ignored tensor '{}' (another task's head)", key);
   return text;
 }
 
@@ -188,20 +196,28 @@ LoadReport load_weights(PretrainedModel& model, const Checkpoint& ckpt, const Lo
   std::vector<std::pair<std::string, std::string>> direct;  // checkpoint key -> model key
   Groups groups;
   for (const auto& ckpt_key : ckpt.keys()) {
-    const auto key = base.adapt(ckpt_key);
-    if (!key) {
-      report.ignored.push_back(ckpt_key);
-      continue;
+    std::optional<ConversionPlan::Route> found;
+    for (const auto& name : base.candidates(ckpt_key)) {
+      auto route = plan.route(name);
+      if (!params.count(route.key()) && params.count(name)) route = ConversionPlan::Route{{name}, nullptr, 0};
+      if (params.count(route.key())) {
+        found = std::move(route);
+        break;
+      }
     }
-    auto route = plan.route(*key);
-    if (!params.count(route.key()) && params.count(*key)) route = ConversionPlan::Route{{*key}, nullptr, 0};
-    if (!params.count(route.key())) {
+    if (!found) {
       if (computed_not_loaded(ckpt_key)) continue;
-      // Named as the model would name it: with the base-model prefix added or taken off.
-      report.unexpected.push_back(route.key() == *key ? *key
-                                                      : fmt::format("{} (converted to '{}')", ckpt_key, route.key()));
+      if (base.ignorable(ckpt_key)) {
+        report.ignored.push_back(ckpt_key);
+        continue;
+      }
+      const auto route = plan.route(ckpt_key);
+      report.unexpected.push_back(route.key() == ckpt_key
+                                      ? ckpt_key
+                                      : fmt::format("{} (converted to '{}')", ckpt_key, route.key()));
       continue;
     }
+    const auto& route = *found;
     if (!route.converter) {
       direct.emplace_back(ckpt_key, route.key());
       continue;

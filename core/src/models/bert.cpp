@@ -48,7 +48,7 @@ std::shared_ptr<nn::LayerNorm> layer_norm(const ModelConfig& config) {
 }
 
 // Multi-head attention of queries from `x` [B, Q, H] over keys/values from `source` [B, S, H]:
-// eager, scaled by hd^-0.5, additive mask -> [B, Q, H].
+// eager, scaled by hd^-0.5, additive mask, softmax in the input dtype (as BERT does) -> [B, Q, H].
 at::Tensor attend(const nn::Linear& query, const nn::Linear& key, const nn::Linear& value, int64_t heads,
                   const at::Tensor& x, const at::Tensor& source, const at::Tensor& mask, at::Tensor* weights_out) {
   const int64_t b = x.size(0), q_len = x.size(1), kv_len = source.size(1);
@@ -57,7 +57,8 @@ at::Tensor attend(const nn::Linear& query, const nn::Linear& key, const nn::Line
   q = q.view({b, q_len, heads, hd}).transpose(1, 2);                             // [B, nH, Q, hd]
   auto k = key.forward(source).view({b, kv_len, heads, hd}).transpose(1, 2);    // [B, nH, S, hd]
   auto v = value.forward(source).view({b, kv_len, heads, hd}).transpose(1, 2);  // [B, nH, S, hd]
-  auto out = nn::eager_attention(q, k, v, mask, 1.0 / std::sqrt(static_cast<double>(hd)), weights_out);
+  auto out = nn::eager_attention(q, k, v, mask, 1.0 / std::sqrt(static_cast<double>(hd)), weights_out,
+                                 /*upcast_softmax=*/false);
   return out.reshape({b, q_len, width});
 }
 

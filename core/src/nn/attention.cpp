@@ -12,7 +12,7 @@
 namespace torchpatch::nn {
 
 at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const at::Tensor& mask, double scaling, at::Tensor* weights_out) {
+                           const at::Tensor& mask, double scaling, at::Tensor* weights_out, bool upcast_softmax) {
   const auto b = q.size(0), heads = q.size(1), len = q.size(2), hd = q.size(3);
   const auto kv_heads = k.size(1), kv_len = k.size(2);
   const int64_t groups = heads / kv_heads;
@@ -23,7 +23,8 @@ at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   auto scores = (at::matmul(query, k.transpose(2, 3)) * scaling).view({b, heads, len, kv_len});  // [B, nH, Q, KV]
   if (mask.defined()) scores = scores + mask;
   // Softmax in at least float32 (float64 stays float64: its mask's lowest value has no float32 form).
-  auto probs = at::softmax(scores, -1, reduction_type(q.scalar_type())).to(q.scalar_type());
+  auto probs = upcast_softmax ? at::softmax(scores, -1, reduction_type(q.scalar_type())).to(q.scalar_type())
+                              : at::softmax(scores, -1);
   if (weights_out) *weights_out = probs;
   auto out = at::matmul(probs.view({b, kv_heads, groups * len, kv_len}), v);  // [B, nKV, groups*Q, hd]
   return out.view({b, heads, len, hd}).transpose(1, 2).contiguous();          // [B, Q, nH, hd]

@@ -126,7 +126,6 @@ class TORCHPATCH_API BertModel : public roles::BertModel {
  public:
   explicit BertModel(const BuildContext& ctx);
   ModelOutput forward(const ModelInputs& inputs) override;
-  std::string base_model_prefix() const override { return "bert"; }
 
   std::shared_ptr<roles::BertEmbeddings> embeddings;
   std::shared_ptr<roles::BertEncoder> encoder;
@@ -158,7 +157,6 @@ class TORCHPATCH_API BertForMaskedLM : public roles::BertForMaskedLM {
   explicit BertForMaskedLM(const BuildContext& ctx);
   ModelOutput forward(const ModelInputs& inputs) override;
   std::map<std::string, std::string> tied_weights() const override;
-  std::string base_model_prefix() const override { return "bert"; }
 
   std::shared_ptr<roles::BertModel> bert;
   std::shared_ptr<BertLMPredictionHead> predictions;

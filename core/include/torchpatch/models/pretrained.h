@@ -90,6 +90,10 @@ class TORCHPATCH_API PretrainedModel : public PatchableModule {
   /// and a head checkpoint into the base model.
   virtual std::string base_model_prefix() const { return {}; }
 
+  /// Starts of checkpoint keys to leave out without complaint when they name no parameter (Hugging
+  /// Face's `_keys_to_ignore_on_load_unexpected`), e.g. "bert.pooler." for BertForMaskedLM.
+  virtual std::vector<std::string> ignored_checkpoint_keys() const { return {}; }
+
  protected:
   /// forward(inputs) without `inputs.outputs`, inside a CaptureOutputs of this class for them: the
   /// result with `captured` filled. For a forward that was asked to capture.

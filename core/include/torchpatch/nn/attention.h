@@ -10,10 +10,12 @@
 namespace torchpatch::nn {
 
 /// Eager attention: q [B, nH, Q, hd], k/v [B, nKV, KV, hd] (repeated to nH heads), additive mask
-/// [B, 1, Q, KV] or undefined. Softmax in float32, cast back. Returns [B, Q, nH, hd]; the
-/// probabilities [B, nH, Q, KV] go to `weights_out` when given.
+/// [B, 1, Q, KV] or undefined. Softmax in float32 and cast back (the decoder families), or in the
+/// input dtype without `upcast_softmax` (BERT). Returns [B, Q, nH, hd]; the probabilities
+/// [B, nH, Q, KV] go to `weights_out` when given.
 TORCHPATCH_API at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                          const at::Tensor& mask, double scaling, at::Tensor* weights_out = nullptr);
+                                          const at::Tensor& mask, double scaling, at::Tensor* weights_out = nullptr,
+                                          bool upcast_softmax = true);
 
 /// Head layout of grouped-query attention.
 struct TORCHPATCH_API GqaShape {

@@ -119,6 +119,7 @@ class TORCHPATCH_API BertModel : public PretrainedModel {
   static constexpr const char* kRoleName = "BertModel";
   using PretrainedModel::PretrainedModel;
   ~BertModel() override;
+  std::string base_model_prefix() const override { return "bert"; }
 };
 
 /// The masked-LM model: a BertModel without pooler under `bert`, and the prediction head under `cls`.
@@ -127,6 +128,11 @@ class TORCHPATCH_API BertForMaskedLM : public PretrainedModel {
   static constexpr const char* kRoleName = "BertForMaskedLM";
   using PretrainedModel::PretrainedModel;
   ~BertForMaskedLM() override;
+  std::string base_model_prefix() const override { return "bert"; }
+  /// A base model's pooler and a pre-training checkpoint's next-sentence head have no place here.
+  std::vector<std::string> ignored_checkpoint_keys() const override {
+    return {"bert.pooler.", "cls.seq_relationship."};
+  }
 };
 
 }  // namespace roles
