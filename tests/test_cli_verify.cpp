@@ -94,7 +94,7 @@ TEST_CASE("cli verify on a preset builds both models from the same weights", "[c
   const auto r = torchpatch_cli("verify --preset tiny-qwen2 --patch Qwen2Attention=FusedQKVAttention --repeat 1");
   INFO(r.out);
   CHECK(r.code == 0);
-  CHECK_THAT(r.out, Contains("2 patch points replaced"));
+  CHECK_THAT(r.out, Contains("Qwen2ForCausalLM from preset tiny-qwen2: 2 patch points replaced"));
   CHECK_THAT(r.out, Contains("PASS"));
 }
 

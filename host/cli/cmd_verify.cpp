@@ -231,7 +231,8 @@ int cmd_verify(const std::vector<std::string>& argv) {
     std::cout << j.dump(2) << "\n";
     return pass ? 0 : 1;
   }
-  std::cout << fmt::format("{} from {}: {} patch point{} replaced\n", original->class_name(), weights.string(),
+  const std::string source = args.has("preset") ? "preset " + args.value("preset") : weights.string();
+  std::cout << fmt::format("{} from {}: {} patch point{} replaced\n", original->class_name(), source,
                            replaced.size(), replaced.size() == 1 ? "" : "s");
   for (const auto& line : replaced) std::cout << "  " << line << "\n";
   std::cout << fmt::format("{:<22} {:>12} {:>12}  within atol {:g} + rtol {:g}\n", "output", "max abs", "max rel",
