@@ -21,7 +21,7 @@
 #include <fmt/format.h>
 
 #include "torchpatch/checkpoint/load.h"
-#include "torchpatch/models/auto.h"
+#include "torchpatch/runtime/auto.h"
 #include "torchpatch/patching/scope.h"
 #include "torchpatch/plugin_host.h"
 

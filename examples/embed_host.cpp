@@ -3,7 +3,7 @@
 
 #include <ATen/ATen.h>
 
-#include "torchpatch/models/auto.h"
+#include "torchpatch/runtime/auto.h"
 #include "torchpatch/plugin_host.h"
 
 int main(int argc, char** argv) {

@@ -8,7 +8,7 @@
 #include <set>
 
 #include "torchpatch/checkpoint/load.h"
-#include "torchpatch/models/auto.h"
+#include "torchpatch/runtime/auto.h"
 #include "torchpatch/error.h"
 #include "torchpatch/models/bert.h"
 #include "torchpatch/models/llama.h"

@@ -5,7 +5,7 @@
 #include <fstream>
 
 #include "torchpatch/error.h"
-#include "torchpatch/models/auto.h"
+#include "torchpatch/runtime/auto.h"
 #include "torchpatch/models/decoder.h"
 
 using namespace torchpatch;

@@ -58,7 +58,7 @@ TEST_CASE("cli plan shows the swap on every layer", "[cli]") {
   INFO(r.out);
   REQUIRE(r.code == 0);
   CHECK(count(r.out, "LlamaAttention -> CustomLlamaAttention  [exact key; plugin custom-llama-attention 1.0.0") == 2);
-  CHECK_THAT(r.out, Contains("2 of 11 patch points replaced"));
+  CHECK_THAT(r.out, Contains("2 of 12 patch points replaced"));
   const auto j = nlohmann::json::parse(torchpatch_cli("plan --preset tiny-llama --json --patch .*Attention$=CustomLlamaAttention").out);
   int patched = 0;
   for (const auto& p : j["patch_points"]) {
@@ -129,11 +129,11 @@ TEST_CASE("cli runtime errors exit with 1 and name the cause", "[cli][errors]") 
       {"run --model /nonexistent/dir --prompt-ids 1", "/nonexistent/dir: no such file or directory"},
       {"run --preset tiny-llama --prompt-ids 1,999", "token id 999 at [0, 1] is out of range for vocab_size 256"},
       {"run --preset tiny-llama --prompt-ids 1 --patch LlamaAttention=Nope", "no class named 'Nope'"},
-      {"run --preset nope --prompt-ids 1", "unknown preset 'nope' (presets: tiny-llama, tiny-mistral, tiny-qwen2, tiny-bert, qwen2-moe-125m, llama-125m)"},
+      {"run --preset nope --prompt-ids 1", "unknown preset 'nope' (presets: tiny-bert, tiny-llama, llama-125m, tiny-mistral, tiny-qwen2, qwen2-moe-125m)"},
       {"run --preset tiny-llama --prompt-ids 1 --patch LlamaMLP=CustomLlamaAttention",
        "has role Attention, but 'LlamaMLP' is a patch point of role Mlp"},
       {"run --preset tiny-llama --prompt-ids 1 --patch Llama=CustomLlamaAttention",
-       "needs role DecoderLayer, but pattern 'Llama' maps it to 'CustomLlamaAttention' of role Attention"},
+       "needs role CausalLM, but pattern 'Llama' maps it to 'CustomLlamaAttention' of role Attention"},
       {"run --preset tiny-llama --inputs /nonexistent.safetensors", "/nonexistent.safetensors"},
       {"plan --preset tiny-llama --plugin-dir /nonexistent/plugins --strict", "plugin directory does not exist"},
   };

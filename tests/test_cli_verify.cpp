@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "torchpatch/checkpoint/load.h"
-#include "torchpatch/models/auto.h"
+#include "torchpatch/runtime/auto.h"
 
 using namespace testutil;
 using Catch::Matchers::Contains;

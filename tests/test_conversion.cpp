@@ -7,7 +7,7 @@
 
 #include "torchpatch/checkpoint/load.h"
 #include "torchpatch/error.h"
-#include "torchpatch/models/auto.h"
+#include "torchpatch/runtime/auto.h"
 #include "torchpatch/patching/scope.h"
 #include "torchpatch/plugin_host.h"
 

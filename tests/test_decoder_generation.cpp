@@ -4,7 +4,7 @@
 #include "test_util.h"
 
 #include "torchpatch/generation/generate.h"
-#include "torchpatch/models/auto.h"
+#include "torchpatch/runtime/auto.h"
 #include "torchpatch/models/mistral.h"
 #include "torchpatch/nn/rotary.h"
 #include "torchpatch/patching/registry.h"

@@ -4,7 +4,7 @@
 
 #include "torchpatch/error.h"
 #include "torchpatch/generation/generate.h"
-#include "torchpatch/models/auto.h"
+#include "torchpatch/runtime/auto.h"
 #include "torchpatch/models/qwen2.h"
 #include "torchpatch/patching/registry.h"
 
@@ -150,7 +150,8 @@ namespace {
 class ForgetfulAttention : public roles::Attention {
  public:
   explicit ForgetfulAttention(const BuildContext&) {}
-  at::Tensor forward(const at::Tensor& hidden, const AttentionInputs&) override { return hidden * 0.5; }
+ protected:
+  at::Tensor forward_impl(const at::Tensor& hidden, const AttentionInputs&) override { return hidden * 0.5; }
 };
 }  // namespace
 
@@ -260,7 +261,7 @@ TEST_CASE("qwen2: q/k/v biases in the state dict, and cached decoding equals rec
   CHECK(params.contains("model.layers.0.self_attn.q_proj.bias"));
   CHECK(params.contains("model.layers.0.self_attn.v_proj.bias"));
   CHECK_FALSE(params.contains("model.layers.0.self_attn.o_proj.bias"));
-  CHECK(model->patch_points()[0].module->patch_record().key == "Qwen2DecoderLayer");
+  CHECK(model->patch_points()[1].module->patch_record().key == "Qwen2DecoderLayer");
 
   GenerationConfig config;
   config.max_new_tokens = 8;

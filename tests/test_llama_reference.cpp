@@ -2,7 +2,7 @@
 #include "test_prelude.h"
 #include "test_util.h"
 
-#include "torchpatch/models/auto.h"
+#include "torchpatch/runtime/auto.h"
 #include "torchpatch/models/decoder.h"
 #include "torchpatch/nn/rotary.h"
 #include "torchpatch/patching/registry.h"

@@ -7,7 +7,7 @@
 #include <fstream>
 
 #include "torchpatch/generation/generate.h"
-#include "torchpatch/models/auto.h"
+#include "torchpatch/runtime/auto.h"
 #include "torchpatch/moe/routing.h"
 #include "torchpatch/patching/registry.h"
 #include "torchpatch/plugin_host.h"

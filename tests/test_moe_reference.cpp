@@ -7,7 +7,7 @@
 
 #include "torchpatch/generation/generate.h"
 #include "torchpatch/error.h"
-#include "torchpatch/models/auto.h"
+#include "torchpatch/runtime/auto.h"
 #include "torchpatch/nn/linear.h"
 #include "torchpatch/models/qwen2_moe.h"
 #include "torchpatch/models/qwen3_moe.h"

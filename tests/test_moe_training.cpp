@@ -4,7 +4,7 @@
 #include "test_util.h"
 
 #include "torchpatch/error.h"
-#include "torchpatch/models/auto.h"
+#include "torchpatch/runtime/auto.h"
 #include "torchpatch/nn/linear.h"
 #include "torchpatch/nn/losses.h"
 

@@ -20,7 +20,7 @@
 #include <torch/version.h>
 
 #include "torchpatch/error.h"
-#include "torchpatch/models/auto.h"
+#include "torchpatch/runtime/auto.h"
 #include "torchpatch/models/pretrained.h"
 #include "torchpatch/patching/build.h"
 #include "torchpatch/patching/registry.h"

@@ -2,7 +2,7 @@
 #include "test_prelude.h"
 
 #include "torchpatch/error.h"
-#include "torchpatch/models/auto.h"
+#include "torchpatch/runtime/auto.h"
 #include "torchpatch/models/llama.h"
 #include "torchpatch/patching/build.h"
 #include "torchpatch/patching/registry.h"
@@ -174,7 +174,7 @@ TEST_CASE("patch points of a Llama model, in tree order", "[build]") {
   std::vector<std::string> seen;
   for (const auto& p : model->patch_points()) seen.push_back(p.path + "=" + p.module->patch_record().key);
   CHECK(seen == std::vector<std::string>{
-                    "model.layers.0=LlamaDecoderLayer", "model.layers.0.self_attn=LlamaAttention",
+                    "model=LlamaModel", "model.layers.0=LlamaDecoderLayer", "model.layers.0.self_attn=LlamaAttention",
                     "model.layers.0.mlp=LlamaMLP", "model.layers.0.input_layernorm=LlamaRMSNorm",
                     "model.layers.0.post_attention_layernorm=LlamaRMSNorm", "model.layers.1=LlamaDecoderLayer",
                     "model.layers.1.self_attn=LlamaAttention", "model.layers.1.mlp=LlamaMLP",

@@ -149,8 +149,8 @@ TEST_CASE("how long a sequence each rope type allows", "[rope]") {
 }
 
 TEST_CASE("rope configs with unknown or incomplete scaling are clear errors", "[rope][errors]") {
-  REQUIRE_THROWS_WITH(config_with({{"rope_scaling", {{"rope_type", "longrope"}, {"factor", 2.0}}}}),
-                      Contains("unsupported rope_type 'longrope'"));
+  REQUIRE_THROWS_WITH(config_with({{"rope_scaling", {{"rope_type", "ntk"}, {"factor", 2.0}}}}),
+                      Contains("unsupported rope_type 'ntk'"));
   REQUIRE_THROWS_WITH(config_with({{"rope_scaling", {{"rope_type", "linear"}}}}),
                       Contains("rope_type 'linear' needs field 'factor'"));
   REQUIRE_THROWS_WITH(config_with({{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 0.5}}}}),

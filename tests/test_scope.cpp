@@ -5,7 +5,7 @@
 #include <atomic>
 #include <thread>
 
-#include "torchpatch/models/auto.h"
+#include "torchpatch/runtime/auto.h"
 #include "torchpatch/models/llama.h"
 #include "torchpatch/patching/registry.h"
 #include "torchpatch/patching/scope.h"

@@ -6,7 +6,7 @@
 #include <ATen/ATen.h>
 
 #include "torchpatch/error.h"
-#include "torchpatch/models/config.h"
+#include "torchpatch/models/blocks.h"
 #include "torchpatch/nn/linear.h"
 #include "torchpatch/patching/roles.h"
 #include "torchpatch/plugin_api.h"
@@ -18,7 +18,7 @@ using torchpatch::nn::Linear;  // a linear layer that loads checkpoints without 
 class MyLlamaMLP : public torchpatch::roles::Mlp {
  public:
   explicit MyLlamaMLP(const torchpatch::BuildContext& ctx) {
-    const auto& config = ctx.config.decoder;  // the model's config.json
+    const auto& config = torchpatch::model_config(ctx).decoder;  // the model's config.json, typed
     if (config.hidden_act != "silu") throw torchpatch::ConfigError("MyLlamaMLP: hidden_act must be silu");
     const int64_t hidden = config.hidden_size, inner = config.intermediate_size;
     gate_proj = register_module("gate_proj", std::make_shared<Linear>(hidden, inner, config.mlp_bias));

@@ -17,9 +17,10 @@
 #include "commands.h"
 #include "session.h"
 #include "torchpatch/generation/generate.h"
-#include "torchpatch/models/auto.h"
+#include "torchpatch/runtime/auto.h"
 #include "torchpatch/nn/linear.h"
 #include "torchpatch/nn/mlp.h"
+#include "torchpatch/models/blocks.h"
 #include "torchpatch/nn/moe.h"
 #include "torchpatch/patching/registry.h"
 #include "torchpatch/patching/scope.h"
@@ -133,12 +134,14 @@ std::string key_of(const PretrainedModel& model, const std::string& suffix) {
 // (zero for experts not chosen), one expert after another.
 class NaiveAllExperts : public nn::FusedExperts {
  public:
-  using nn::FusedExperts::FusedExperts;
-  at::Tensor forward(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights) override {
+  explicit NaiveAllExperts(const BuildContext& ctx) : FusedExperts(experts_options(model_config(ctx).decoder)) {}
+
+ protected:
+  at::Tensor forward_impl(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights) override {
     auto out = at::zeros_like(hidden);
     for (int64_t e = 0; e < num_experts; ++e) {
       auto gate_up = at::linear(hidden, gate_up_proj[e]).chunk(2, -1);
-      auto y = at::linear(nn::activation(hidden_act, gate_up[0]) * gate_up[1], down_proj[e]);
+      auto y = at::linear(nn::activate(act, gate_up[0]) * gate_up[1], down_proj[e]);
       out = out + y * (weights * (indices == e)).sum(-1, /*keepdim=*/true);
     }
     return out;

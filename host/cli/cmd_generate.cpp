@@ -105,7 +105,8 @@ int cmd_generate(const std::vector<std::string>& argv) {
                 {"eos-ids", "IDS", "stop a row at these ids (default: eos_token_id of generation_config.json, else "
                                    "config.json)"},
                 {"ignore-eos", "", "never stop early"},
-                {"output", "FILE", "write generated_ids [B, prompt+new] to this safetensors file"}});
+                {"output", "FILE", "write generated_ids [B, prompt+new] and generated_logits [new, B, V] (each "
+                                   "step's raw next-token logits, float32) to this safetensors file"}});
   const Args args(specs, argv);
   if (args.flag("help")) {
     std::cout << usage("generate", "Generate tokens with a key/value cache (greedy unless --do-sample).", specs);
@@ -120,6 +121,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
   if (!args.flag("json")) print_load_report(built);
 
   auto config = read_generation_config(args, built.model->config().decoder);
+  config.output_logits = args.has("output");  // Hugging Face's output_logits, for generated_logits
   bool progress_shown = false;
   if (!args.flag("json")) config.on_step = progress_printer(&progress_shown);
   if (inputs.input_ids.scalar_type() != at::kLong && inputs.input_ids.scalar_type() != at::kInt) {
@@ -129,7 +131,14 @@ int cmd_generate(const std::vector<std::string>& argv) {
   const auto out = generate(*built.model, inputs.input_ids, inputs.attention_mask, config);
   if (progress_shown) std::cerr << "\n";
 
-  if (args.has("output")) checkpoint::save_safetensors(args.value("output"), {{"generated_ids", out.sequences}});
+  if (args.has("output")) {
+    // Step 0 is the prefill; a run of no steps writes [0, B, V].
+    const int64_t vocab = built.model->config().decoder.vocab_size;
+    const auto logits = out.logits.empty() ? at::empty({0, out.sequences.size(0), vocab}, at::kFloat)
+                                           : at::stack(out.logits).to(at::kFloat).contiguous();
+    checkpoint::save_safetensors(args.value("output"),
+                                 {{"generated_ids", out.sequences}, {"generated_logits", logits}});
+  }
   const int64_t prompt = inputs.input_ids.size(1);
   auto rows = nlohmann::json::array();
   for (int64_t b = 0; b < out.sequences.size(0); ++b) {

@@ -15,7 +15,7 @@
 #include "session.h"
 #include "torchpatch/checkpoint/load.h"
 #include "torchpatch/error.h"
-#include "torchpatch/models/auto.h"
+#include "torchpatch/runtime/auto.h"
 #include "torchpatch/patching/scope.h"
 
 namespace torchpatch::cli {

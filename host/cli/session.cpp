@@ -9,7 +9,7 @@
 #include "torchpatch/checkpoint/load.h"
 #include "torchpatch/checkpoint/safetensors.h"
 #include "torchpatch/error.h"
-#include "torchpatch/models/auto.h"
+#include "torchpatch/runtime/auto.h"
 #include "torchpatch/patching/build.h"
 #include "torchpatch/patching/scope.h"
 

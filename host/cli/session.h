@@ -9,7 +9,7 @@
 
 #include "args.h"
 #include "torchpatch/checkpoint/load.h"
-#include "torchpatch/models/auto.h"
+#include "torchpatch/runtime/auto.h"
 #include "torchpatch/models/pretrained.h"
 #include "torchpatch/plugin_host.h"
 

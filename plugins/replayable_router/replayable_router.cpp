@@ -20,8 +20,9 @@ class Replayable : public Router, public torchpatch::ReplayableRouter {
 
   void force_routes(const at::Tensor& indices) override { forced_ = indices; }
 
-  torchpatch::RouterOutput forward(const at::Tensor& hidden) override {
-    if (!forced_.defined()) return Router::forward(hidden);
+ protected:
+  torchpatch::RouterOutput forward_impl(const at::Tensor& hidden) override {
+    if (!forced_.defined()) return Router::forward_impl(hidden);
     if (forced_.size(0) != hidden.size(0)) {
       throw torchpatch::InputError(fmt::format("replay: router at {} got {} tokens, the routes have {}",
                                                this->patch_record().path, hidden.size(0), forced_.size(0)));

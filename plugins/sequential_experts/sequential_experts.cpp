@@ -4,7 +4,7 @@
 // under every SequentialExperts module.
 #include <ATen/ATen.h>
 
-#include "torchpatch/models/config.h"
+#include "torchpatch/models/blocks.h"
 #include "torchpatch/nn/mlp.h"
 #include "torchpatch/plugin_api.h"
 
@@ -15,16 +15,17 @@ using torchpatch::BuildContext;
 class SequentialExperts : public torchpatch::roles::Experts {
  public:
   explicit SequentialExperts(const BuildContext& ctx) {
-    const auto& moe = ctx.config.decoder.moe;
-    for (int64_t e = 0; e < moe.num_experts; ++e) {
-      const BuildContext expert{ctx.config, ctx.layer_idx, ctx.path + "." + std::to_string(e)};
-      experts_.push_back(register_module(std::to_string(e),
-                                         std::make_shared<torchpatch::nn::GatedMlp>(expert, moe.moe_intermediate_size)));
+    const auto& d = torchpatch::model_config(ctx).decoder;
+    const torchpatch::nn::MlpOptions expert{d.hidden_size, d.moe.moe_intermediate_size, false, d.activation};
+    for (int64_t e = 0; e < d.moe.num_experts; ++e) {
+      experts_.push_back(register_module(std::to_string(e), std::make_shared<torchpatch::nn::GatedMlp>(expert)));
     }
   }
 
+ protected:
+
   // hidden [T, H], indices/weights [T, K]: each chosen expert on its tokens, added in expert order.
-  at::Tensor forward(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights) override {
+  at::Tensor forward_impl(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights) override {
     auto out = at::zeros_like(hidden);
     for (int64_t e = 0; e < static_cast<int64_t>(experts_.size()); ++e) {
       const auto hits = (indices == e).nonzero();  // [n, 2] (token, slot)
@@ -35,6 +36,7 @@ class SequentialExperts : public torchpatch::roles::Experts {
     }
     return out;
   }
+  int64_t expert_count() const override { return static_cast<int64_t>(experts_.size()); }
 
  private:
   std::vector<std::shared_ptr<torchpatch::nn::GatedMlp>> experts_;
@@ -45,7 +47,7 @@ void register_plugin(torchpatch::Registrar& registrar) {
   registrar.add_replacement<SequentialExperts>("ModuleListExperts", {});
   // No rules of its own: the hub's experts.{e}.*_proj.weight load as they are.
   for (const char* cls : {"SequentialExperts", "ModuleListExperts"}) {
-    registrar.add_conversion(cls, [](const torchpatch::ModelConfig&) { return torchpatch::checkpoint::ConversionRules{}; });
+    registrar.add_conversion(cls, [](const torchpatch::Config&) { return torchpatch::checkpoint::ConversionRules{}; });
   }
 }
 

@@ -5,7 +5,7 @@
 namespace {
 
 void register_plugin(torchpatch::Registrar& registrar) {
-  registrar.add_conversion("conversion_conflict_type", [](const torchpatch::ModelConfig&) {
+  registrar.add_conversion("conversion_conflict_type", [](const torchpatch::Config&) {
     return torchpatch::checkpoint::ConversionRules{torchpatch::checkpoint::WeightRenaming{"old_a", "new_a"}};
   });
 }

@@ -11,12 +11,13 @@ class DerivedLlamaAttention : public torchpatch::llama::LlamaAttention {
  public:
   explicit DerivedLlamaAttention(const torchpatch::BuildContext& ctx) : LlamaAttention(ctx) {}
 
-  at::Tensor forward(const at::Tensor& hidden, const torchpatch::AttentionInputs& inputs) override {
-    ++calls_;
-    return LlamaAttention::forward(hidden, inputs);
-  }
-
   std::map<std::string, int64_t> counters() const override { return {{"calls", calls_.load()}}; }
+
+ protected:
+  at::Tensor forward_impl(const at::Tensor& hidden, const torchpatch::AttentionInputs& inputs) override {
+    ++calls_;
+    return LlamaAttention::forward_impl(hidden, inputs);
+  }
 
  private:
   std::atomic<int64_t> calls_{0};

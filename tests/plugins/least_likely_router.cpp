@@ -10,8 +10,10 @@ class LeastLikelyRouter : public torchpatch::qwen2_moe::Qwen2MoeTopKRouter {
  public:
   using Qwen2MoeTopKRouter::Qwen2MoeTopKRouter;
 
-  torchpatch::RouterOutput forward(const at::Tensor& hidden) override {
-    auto out = Qwen2MoeTopKRouter::forward(hidden);
+ protected:
+
+  torchpatch::RouterOutput forward_impl(const at::Tensor& hidden) override {
+    auto out = Qwen2MoeTopKRouter::forward_impl(hidden);
     out.indices = torchpatch::nn::route_top_k(-out.logits, top_k, norm_topk_prob).indices;
     out.scores = torchpatch::nn::scores_for(out.logits, out.indices, norm_topk_prob);
     return out;

@@ -25,21 +25,11 @@ std::mutex& registry_mutex() {
 }
 
 std::map<std::string, RegistryEntry>& registry() {
-  // Hugging Face's defaults for the families here: the MoE experts' fusion and the "legacy"
-  // renamings (old BERT names).
-  // qwen2_moe / qwen3_moe: per-expert hub weights fused into stacked [E, ...] parameters on load.
-  const ConversionFactory moe_experts = [](const ModelConfig&) {
-    return ConversionRules{
-        WeightConverter{{"mlp.experts.*.gate_proj.weight", "mlp.experts.*.up_proj.weight"},
-                        {"mlp.experts.gate_up_proj"},
-                        {MergeModulelist(0), Concatenate(1)}},
-        WeightConverter{{"mlp.experts.*.down_proj.weight"}, {"mlp.experts.down_proj"}, {MergeModulelist(0)}}};
-  };
+  // The "legacy" renamings (old BERT names) apply to every model; families add their own defaults
+  // under their model_type when they are registered.
   static std::map<std::string, RegistryEntry> entries{
-      {"qwen2_moe", {moe_experts, Origin{}}},
-      {"qwen3_moe", {moe_experts, Origin{}}},
       {"legacy",
-       {[](const ModelConfig&) {
+       {[](const Config&) {
           return ConversionRules{WeightRenaming{"LayerNorm.gamma", "LayerNorm.weight"},
                                  WeightRenaming{"LayerNorm.beta", "LayerNorm.bias"}};
         },
@@ -67,7 +57,7 @@ void register_checkpoint_conversion_mapping(const std::string& key, ConversionFa
 void register_checkpoint_conversion_mapping(const std::string& key, ConversionRules rules, bool overwrite,
                                             const Origin& origin) {
   register_checkpoint_conversion_mapping(
-      key, ConversionFactory([rules](const ModelConfig&) { return rules; }), overwrite, origin);
+      key, ConversionFactory([rules](const Config&) { return rules; }), overwrite, origin);
 }
 
 void unregister_checkpoint_conversion_mapping(const std::string& key) {
@@ -75,7 +65,7 @@ void unregister_checkpoint_conversion_mapping(const std::string& key) {
   if (registry().erase(key) == 0) throw Error(fmt::format("Conversion mapping for '{}' is not registered", key));
 }
 
-std::optional<ConversionRules> get_checkpoint_conversion_mapping(const std::string& key, const ModelConfig& config) {
+std::optional<ConversionRules> get_checkpoint_conversion_mapping(const std::string& key, const Config& config) {
   ConversionFactory factory;
   {
     std::lock_guard<std::mutex> lock(registry_mutex());

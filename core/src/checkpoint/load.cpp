@@ -13,9 +13,11 @@
 
 namespace torchpatch::checkpoint {
 
+Loadable::~Loadable() = default;
+
 namespace fs = std::filesystem;
 
-std::vector<ScopedRules> model_conversion_rules(const PretrainedModel& model, bool add_legacy) {
+std::vector<ScopedRules> model_conversion_rules(const Loadable& model, bool add_legacy) {
   std::vector<ScopedRules> rules;
   const auto& config = model.config();
   if (auto own = get_checkpoint_conversion_mapping(model.class_name(), config)) {
@@ -120,7 +122,7 @@ bool computed_not_loaded(const std::string& key) {
 // head's checkpoint in the base model).
 class BasePrefix {
  public:
-  BasePrefix(const PretrainedModel& model, const std::map<std::string, at::Tensor>& params,
+  BasePrefix(const Loadable& model, const std::map<std::string, at::Tensor>& params,
              const std::vector<std::string>& ckpt_keys)
       : dot_(model.base_model_prefix().empty() ? "" : model.base_model_prefix() + "."),
         ignore_(model.ignored_checkpoint_keys()) {
@@ -185,10 +187,10 @@ nlohmann::json LoadReport::to_json() const {
           {"strict", strict}};
 }
 
-LoadReport load_weights(PretrainedModel& model, const Checkpoint& ckpt, const LoadOptions& options) {
+LoadReport load_weights(Loadable& model, const Checkpoint& ckpt, const LoadOptions& options) {
   const ConversionPlan plan(model_conversion_rules(model, /*add_legacy=*/true));
   std::map<std::string, at::Tensor> params;
-  for (const auto& item : model.named_parameters()) params.emplace(item.key(), item.value());
+  for (const auto& item : model.module().named_parameters()) params.emplace(item.key(), item.value());
 
   LoadReport report;
   report.strict = options.strict;
@@ -297,7 +299,7 @@ LoadReport load_weights(PretrainedModel& model, const Checkpoint& ckpt, const Lo
   return report;
 }
 
-std::vector<std::pair<std::string, at::Tensor>> hub_state_dict(const PretrainedModel& model) {
+std::vector<std::pair<std::string, at::Tensor>> hub_state_dict(const Loadable& model) {
   std::vector<ScopedRules> reversed;
   for (auto& scoped : model_conversion_rules(model, /*add_legacy=*/false)) {
     ScopedRules r{scoped.prefix, {}, scoped.exclusive};
@@ -307,7 +309,7 @@ std::vector<std::pair<std::string, at::Tensor>> hub_state_dict(const PretrainedM
   const ConversionPlan plan(std::move(reversed));
   const auto tied = model.tied_weights();
   std::map<std::string, at::Tensor> state;
-  for (const auto& item : model.named_parameters()) {
+  for (const auto& item : model.module().named_parameters()) {
     if (!tied.count(item.key())) state.emplace(item.key(), item.value().detach());
   }
   std::vector<std::string> keys;  // natural order, so module lists merge as expert 0, 1, ..., 10
@@ -339,11 +341,11 @@ std::vector<std::pair<std::string, at::Tensor>> hub_state_dict(const PretrainedM
   return out;
 }
 
-void save_pretrained(const PretrainedModel& model, const fs::path& dir, const SaveOptions& options) {
+void save_pretrained(const Loadable& model, const fs::path& dir, const SaveOptions& options) {
   const auto tensors = hub_state_dict(model);
   fs::create_directories(dir);
 
-  nlohmann::json config = model.config().to_json();
+  nlohmann::json config = model.config_json();
   if (!config.contains("architectures")) config["architectures"] = {model.class_name()};
   const fs::path config_path = dir / "config.json";
   const fs::path config_tmp = dir / ("config.json.tmp." + std::to_string(::getpid()));

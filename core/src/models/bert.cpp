@@ -15,7 +15,7 @@
 #include "torchpatch/nn/mlp.h"
 #include "torchpatch/patching/build.h"
 #include "torchpatch/patching/outputs.h"
-#include "models/families.h"
+#include "torchpatch/models/blocks.h"
 
 namespace torchpatch {
 
@@ -38,13 +38,8 @@ namespace bert {
 
 namespace {
 
-BuildContext child(const BuildContext& ctx, const std::string& name) {
-  BuildContext c{ctx.config, ctx.layer_idx, ctx.path.empty() ? name : ctx.path + "." + name};
-  return c;
-}
-
 std::shared_ptr<nn::LayerNorm> layer_norm(const ModelConfig& config) {
-  return std::make_shared<nn::LayerNorm>(config.decoder.hidden_size, config.bert.layer_norm_eps);
+  return std::make_shared<nn::LayerNorm>(config.decoder.hidden_size, config.bert().layer_norm_eps);
 }
 
 // Multi-head attention of queries from `x` [B, Q, H] over keys/values from `source` [B, S, H]:
@@ -110,13 +105,13 @@ at::Tensor encoder_mask(const ModelInputs& in, c10::ScalarType dtype) {
 // --- embeddings -----------------------------------------------------------------------------------
 
 BertEmbeddings::BertEmbeddings(const BuildContext& ctx) {
-  const auto& d = ctx.config.decoder;
+  const auto& d = model_config(ctx).decoder;
   word_embeddings = register_module("word_embeddings", std::make_shared<nn::Embedding>(d.vocab_size, d.hidden_size));
   position_embeddings = register_module(
       "position_embeddings", std::make_shared<nn::Embedding>(d.max_position_embeddings, d.hidden_size));
   token_type_embeddings = register_module(
-      "token_type_embeddings", std::make_shared<nn::Embedding>(ctx.config.bert.type_vocab_size, d.hidden_size));
-  LayerNorm = register_module("LayerNorm", layer_norm(ctx.config));
+      "token_type_embeddings", std::make_shared<nn::Embedding>(model_config(ctx).bert().type_vocab_size, d.hidden_size));
+  LayerNorm = register_module("LayerNorm", layer_norm(model_config(ctx)));
 }
 
 at::Tensor BertEmbeddings::forward(const at::Tensor& input_ids, const at::Tensor& token_type_ids,
@@ -128,8 +123,8 @@ at::Tensor BertEmbeddings::forward(const at::Tensor& input_ids, const at::Tensor
 
 // --- attention ------------------------------------------------------------------------------------
 
-BertSelfAttention::BertSelfAttention(const BuildContext& ctx) : num_heads(checked_heads(ctx.config)) {
-  const int64_t h = ctx.config.decoder.hidden_size;
+BertSelfAttention::BertSelfAttention(const BuildContext& ctx) : num_heads(checked_heads(model_config(ctx))) {
+  const int64_t h = model_config(ctx).decoder.hidden_size;
   query = register_module("query", std::make_shared<nn::Linear>(h, h, true));
   key = register_module("key", std::make_shared<nn::Linear>(h, h, true));
   value = register_module("value", std::make_shared<nn::Linear>(h, h, true));
@@ -139,8 +134,8 @@ at::Tensor BertSelfAttention::forward(const at::Tensor& hidden, const BertAttent
   return attend(*query, *key, *value, num_heads, hidden, hidden, in.mask, in.weights_out);
 }
 
-BertCrossAttention::BertCrossAttention(const BuildContext& ctx) : num_heads(checked_heads(ctx.config)) {
-  const int64_t h = ctx.config.decoder.hidden_size;
+BertCrossAttention::BertCrossAttention(const BuildContext& ctx) : num_heads(checked_heads(model_config(ctx))) {
+  const int64_t h = model_config(ctx).decoder.hidden_size;
   query = register_module("query", std::make_shared<nn::Linear>(h, h, true));
   key = register_module("key", std::make_shared<nn::Linear>(h, h, true));
   value = register_module("value", std::make_shared<nn::Linear>(h, h, true));
@@ -152,9 +147,9 @@ at::Tensor BertCrossAttention::forward(const at::Tensor& hidden, const BertAtten
 }
 
 BertSelfOutput::BertSelfOutput(const BuildContext& ctx) {
-  const int64_t h = ctx.config.decoder.hidden_size;
+  const int64_t h = model_config(ctx).decoder.hidden_size;
   dense = register_module("dense", std::make_shared<nn::Linear>(h, h, true));
-  LayerNorm = register_module("LayerNorm", layer_norm(ctx.config));
+  LayerNorm = register_module("LayerNorm", layer_norm(model_config(ctx)));
 }
 
 at::Tensor BertSelfOutput::forward(const at::Tensor& hidden, const at::Tensor& input) {
@@ -162,12 +157,12 @@ at::Tensor BertSelfOutput::forward(const at::Tensor& hidden, const at::Tensor& i
 }
 
 BertAttention::BertAttention(const BuildContext& ctx) {
-  if (ctx.is_cross_attention) {
-    cross_attention = register_module("self", build<roles::BertCrossAttention>("BertCrossAttention", child(ctx, "self")));
+  if (ctx.flag("cross_attention", false)) {
+    cross_attention = register_module("self", build<roles::BertCrossAttention>("BertCrossAttention", ctx.child("self")));
   } else {
-    self_attention = register_module("self", build<roles::BertSelfAttention>("BertSelfAttention", child(ctx, "self")));
+    self_attention = register_module("self", build<roles::BertSelfAttention>("BertSelfAttention", ctx.child("self")));
   }
-  output = register_module("output", build<roles::BertSelfOutput>("BertSelfOutput", child(ctx, "output")));
+  output = register_module("output", build<roles::BertSelfOutput>("BertSelfOutput", ctx.child("output")));
 }
 
 at::Tensor BertAttention::forward(const at::Tensor& hidden, const BertAttentionInputs& in) {
@@ -191,18 +186,17 @@ at::Tensor BertAttention::forward(const at::Tensor& hidden, const BertAttentionI
 
 // --- feed-forward ---------------------------------------------------------------------------------
 
-BertIntermediate::BertIntermediate(const BuildContext& ctx) : hidden_act(ctx.config.decoder.hidden_act) {
-  const auto& d = ctx.config.decoder;
+BertIntermediate::BertIntermediate(const BuildContext& ctx) : act(model_config(ctx).decoder.activation) {
+  const auto& d = model_config(ctx).decoder;
   dense = register_module("dense", std::make_shared<nn::Linear>(d.hidden_size, d.intermediate_size, true));
-  nn::activation(hidden_act, at::zeros({1}));  // an unknown activation fails at build time
 }
 
-at::Tensor BertIntermediate::forward(const at::Tensor& x) { return nn::activation(hidden_act, dense->forward(x)); }
+at::Tensor BertIntermediate::forward(const at::Tensor& x) { return nn::activate(act, dense->forward(x)); }
 
 BertOutput::BertOutput(const BuildContext& ctx) {
-  const auto& d = ctx.config.decoder;
+  const auto& d = model_config(ctx).decoder;
   dense = register_module("dense", std::make_shared<nn::Linear>(d.intermediate_size, d.hidden_size, true));
-  LayerNorm = register_module("LayerNorm", layer_norm(ctx.config));
+  LayerNorm = register_module("LayerNorm", layer_norm(model_config(ctx)));
 }
 
 at::Tensor BertOutput::forward(const at::Tensor& hidden, const at::Tensor& input) {
@@ -212,15 +206,14 @@ at::Tensor BertOutput::forward(const at::Tensor& hidden, const at::Tensor& input
 // --- layers ---------------------------------------------------------------------------------------
 
 BertLayer::BertLayer(const BuildContext& ctx) {
-  attention = register_module("attention", build<roles::BertAttention>("BertAttention", child(ctx, "attention")));
-  if (ctx.config.bert.add_cross_attention) {
-    BuildContext cross = child(ctx, "crossattention");
-    cross.is_cross_attention = true;
+  attention = register_module("attention", build<roles::BertAttention>("BertAttention", ctx.child("attention")));
+  if (model_config(ctx).bert().add_cross_attention) {
+    const BuildContext cross = ctx.child("crossattention", {{"cross_attention", true}});
     crossattention = register_module("crossattention", build<roles::BertAttention>("BertAttention", cross));
   }
   intermediate = register_module("intermediate",
-                                 build<roles::BertIntermediate>("BertIntermediate", child(ctx, "intermediate")));
-  output = register_module("output", build<roles::BertOutput>("BertOutput", child(ctx, "output")));
+                                 build<roles::BertIntermediate>("BertIntermediate", ctx.child("intermediate")));
+  output = register_module("output", build<roles::BertOutput>("BertOutput", ctx.child("output")));
 }
 
 at::Tensor BertLayer::forward(const at::Tensor& hidden, const BertAttentionInputs& in) {
@@ -240,8 +233,8 @@ at::Tensor BertLayer::forward(const at::Tensor& hidden, const BertAttentionInput
 
 BertEncoder::BertEncoder(const BuildContext& ctx) {
   layer = register_module("layer", torch::nn::ModuleList());
-  for (int64_t i = 0; i < ctx.config.decoder.num_hidden_layers; ++i) {
-    BuildContext c = child(ctx, fmt::format("layer.{}", i));
+  for (int64_t i = 0; i < model_config(ctx).decoder.num_hidden_layers; ++i) {
+    BuildContext c = ctx.child(fmt::format("layer.{}", i));
     c.layer_idx = i;
     auto built = build<roles::BertLayer>("BertLayer", c);
     layer->push_back(built);
@@ -262,7 +255,7 @@ at::Tensor BertEncoder::forward(const at::Tensor& hidden, const BertAttentionInp
 }
 
 BertPooler::BertPooler(const BuildContext& ctx) {
-  const int64_t h = ctx.config.decoder.hidden_size;
+  const int64_t h = model_config(ctx).decoder.hidden_size;
   dense = register_module("dense", std::make_shared<nn::Linear>(h, h, true));
 }
 
@@ -272,19 +265,18 @@ at::Tensor BertPooler::forward(const at::Tensor& hidden) {
 
 // --- models ---------------------------------------------------------------------------------------
 
-BertModel::BertModel(const BuildContext& ctx) : roles::BertModel(ctx.config, "BertModel"), prefix_(ctx.path) {
+BertModel::BertModel(const BuildContext& ctx) : roles::BertModel(model_config(ctx), "BertModel"), prefix_(ctx.path) {
   const BuildContext self{config(), -1, ctx.path};
-  embeddings = register_module("embeddings", build<roles::BertEmbeddings>("BertEmbeddings", child(self, "embeddings")));
-  encoder = register_module("encoder", build<roles::BertEncoder>("BertEncoder", child(self, "encoder")));
-  if (ctx.add_pooling_layer) {
-    pooler = register_module("pooler", build<roles::BertPooler>("BertPooler", child(self, "pooler")));
+  embeddings = register_module("embeddings", build<roles::BertEmbeddings>("BertEmbeddings", self.child("embeddings")));
+  encoder = register_module("encoder", build<roles::BertEncoder>("BertEncoder", self.child("encoder")));
+  if (ctx.flag("add_pooling_layer", true)) {
+    pooler = register_module("pooler", build<roles::BertPooler>("BertPooler", self.child("pooler")));
   }
 }
 
-ModelOutput BertModel::forward(const ModelInputs& in) {
-  if (!in.outputs.empty()) return forward_capturing(in);
+ModelOutput BertModel::forward_impl(const ModelInputs& in) {
   const auto& d = config().decoder;
-  const auto& b = config().bert;
+  const auto& b = config().bert();
   if (in.past_key_values || in.use_cache) {
     throw InputError("past_key_values / use_cache: BERT models run without a key/value cache");
   }
@@ -331,7 +323,7 @@ ModelOutput BertModel::forward(const ModelInputs& in) {
 }
 
 BertLMPredictionHead::BertLMPredictionHead(const ModelConfig& config, const at::Tensor& word_embeddings)
-    : hidden_act(config.decoder.hidden_act) {
+    : act(config.decoder.activation) {
   const auto& d = config.decoder;
   auto transform = register_module("transform", std::make_shared<torch::nn::Module>());
   transform_dense = transform->register_module("dense", std::make_shared<nn::Linear>(d.hidden_size, d.hidden_size, true));
@@ -347,17 +339,16 @@ BertLMPredictionHead::BertLMPredictionHead(const ModelConfig& config, const at::
   decoder->register_parameter("weight", decoder_weight);
   bias = register_parameter("bias", at::zeros({d.vocab_size}));
   decoder->register_parameter("bias", bias);
-  nn::activation(hidden_act, at::zeros({1}));
 }
 
 at::Tensor BertLMPredictionHead::forward(const at::Tensor& hidden) const {
-  auto h = transform_norm->forward(nn::activation(hidden_act, transform_dense->forward(hidden)));
+  auto h = transform_norm->forward(nn::activate(act, transform_dense->forward(hidden)));
   return nn::linear(h, decoder_weight, bias);  // [B, T, V]
 }
 
-BertForMaskedLM::BertForMaskedLM(const BuildContext& ctx) : roles::BertForMaskedLM(ctx.config, "BertForMaskedLM") {
-  BuildContext base{config(), -1, ctx.path.empty() ? "bert" : ctx.path + ".bert"};
-  base.add_pooling_layer = false;
+BertForMaskedLM::BertForMaskedLM(const BuildContext& ctx)
+    : roles::BertForMaskedLM(model_config(ctx), "BertForMaskedLM") {
+  const BuildContext base = BuildContext{config(), -1, ctx.path}.child("bert", {{"add_pooling_layer", false}});
   bert = register_module("bert", build<roles::BertModel>("BertModel", base));
   at::Tensor table;
   if (config().decoder.tie_word_embeddings) {
@@ -374,17 +365,16 @@ BertForMaskedLM::BertForMaskedLM(const BuildContext& ctx) : roles::BertForMasked
   predictions = cls->register_module("predictions", std::make_shared<BertLMPredictionHead>(config(), table));
 }
 
-ModelOutput BertForMaskedLM::forward(const ModelInputs& in) {
-  std::optional<CaptureOutputs> capture;  // recorders are looked up by this class, the outer one
-  if (!in.outputs.empty()) capture.emplace(class_name(), in.outputs);
+ModelOutput BertForMaskedLM::forward_impl(const ModelInputs& in) {
   ModelInputs inner = in;
-  inner.outputs.clear();
   inner.labels = at::Tensor();
   auto out = bert->forward(inner);
-  if (capture) out.captured = capture->take();
   out.logits = predictions->forward(out.last_hidden_state);
-  if (in.labels.defined()) out.loss = nn::masked_lm_loss(out.logits, in.labels);
   return out;
+}
+
+void BertForMaskedLM::complete(const ModelInputs& in, ModelOutput& out) const {
+  if (in.labels.defined()) out.loss = nn::masked_lm_loss(out.logits, in.labels);
 }
 
 std::map<std::string, std::string> BertForMaskedLM::tied_weights() const {
@@ -399,11 +389,11 @@ std::map<std::string, std::string> BertForMaskedLM::tied_weights() const {
 
 // --- family ---------------------------------------------------------------------------------------
 
-FamilyEntry bert_family() {
-  FamilyEntry family;
-  family.model_type = "bert";
-  family.bert = true;
-  DecoderConfig& d = family.defaults;  // BertConfig defaults
+namespace bert {
+
+Family family() {
+  DecoderTraits traits;  // BertConfig defaults
+  auto& d = traits.defaults;
   d.vocab_size = 30522;
   d.hidden_size = 768;
   d.intermediate_size = 3072;
@@ -413,26 +403,48 @@ FamilyEntry bert_family() {
   d.max_position_embeddings = 512;
   d.hidden_act = "gelu";
   d.tie_word_embeddings = true;
+  Family family;
+  family.model_type = "bert";
+  family.parse_config = [traits](const nlohmann::json& j, const std::string& source) {
+    auto config = parse_decoder_config(j, source, traits);
+    ConfigReader f(j, source);
+    auto bert = std::make_shared<BertConfig>();
+    bert->type_vocab_size = f.positive("type_vocab_size", bert->type_vocab_size);
+    bert->layer_norm_eps = f.number("layer_norm_eps", bert->layer_norm_eps);
+    bert->is_decoder = f.boolean("is_decoder", bert->is_decoder);
+    bert->add_cross_attention = f.boolean("add_cross_attention", bert->add_cross_attention);
+    if (bert->add_cross_attention && !bert->is_decoder) {
+      f.fail("add_cross_attention needs is_decoder (cross-attention belongs to a decoder)");
+    }
+    const std::string embedding = f.string("position_embedding_type", "absolute");
+    if (embedding != "absolute") {
+      f.fail(fmt::format("position_embedding_type '{}' is not supported (only 'absolute')", embedding));
+    }
+    config.fields = std::move(bert);
+    return config;
+  };
+  for (const char* model : {"BertModel", "BertForMaskedLM"}) {
+    family.model_classes[model] = [model](const ModelConfig& c) -> std::shared_ptr<PretrainedModel> {
+      if (std::string(model) == "BertModel") return build<roles::BertModel>(model, BuildContext{c, -1, ""});
+      return build<roles::BertForMaskedLM>(model, BuildContext{c, -1, ""});
+    };
+    family.recorders[model]["attentions"] = {"BertSelfAttention", 1, ""};
+    family.recorders[model]["cross_attentions"] = {"BertCrossAttention", 1, ""};
+  }
   family.default_class = "BertModel";
-  family.classes["BertModel"] = [](const ModelConfig& c) {
-    return build<roles::BertModel>("BertModel", BuildContext{c, -1, ""});
-  };
-  family.classes["BertForMaskedLM"] = [](const ModelConfig& c) {
-    return build<roles::BertForMaskedLM>("BertForMaskedLM", BuildContext{c, -1, ""});
-  };
+  family.patch_points = {
+      module_class<BertEmbeddings>("BertEmbeddings"),         module_class<BertSelfAttention>("BertSelfAttention"),
+      module_class<BertCrossAttention>("BertCrossAttention"), module_class<BertSelfOutput>("BertSelfOutput"),
+      module_class<BertAttention>("BertAttention"),           module_class<BertIntermediate>("BertIntermediate"),
+      module_class<BertOutput>("BertOutput"),                 module_class<BertLayer>("BertLayer"),
+      module_class<BertEncoder>("BertEncoder"),               module_class<BertPooler>("BertPooler"),
+      module_class<BertModel>("BertModel"),                   module_class<BertForMaskedLM>("BertForMaskedLM")};
+  family.presets = {{"tiny-bert",
+                     {{"architectures", {"BertModel"}}, {"model_type", "bert"}, {"vocab_size", 256}, {"hidden_size", 64},
+                      {"intermediate_size", 128}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+                      {"max_position_embeddings", 128}, {"type_vocab_size", 2}, {"layer_norm_eps", 1e-12}}}};
   return family;
 }
 
-void add_bert_builtins(std::map<std::string, ModuleClass>& classes) {
-  using namespace bert;
-  for (auto cls : {module_class<BertEmbeddings>("BertEmbeddings"), module_class<BertSelfAttention>("BertSelfAttention"),
-                   module_class<BertCrossAttention>("BertCrossAttention"), module_class<BertSelfOutput>("BertSelfOutput"),
-                   module_class<BertAttention>("BertAttention"), module_class<BertIntermediate>("BertIntermediate"),
-                   module_class<BertOutput>("BertOutput"), module_class<BertLayer>("BertLayer"),
-                   module_class<BertEncoder>("BertEncoder"), module_class<BertPooler>("BertPooler"),
-                   module_class<BertModel>("BertModel"), module_class<BertForMaskedLM>("BertForMaskedLM")}) {
-    classes.emplace(cls.name, cls);
-  }
-}
-
+}  // namespace bert
 }  // namespace torchpatch

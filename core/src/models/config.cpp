@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "torchpatch/error.h"
-#include "models/families.h"
+#include "torchpatch/models/family.h"
 
 namespace torchpatch {
 
@@ -15,50 +15,7 @@ namespace {
 
 using nlohmann::json;
 
-// Reads an optional field; absent or null keeps the default, the wrong kind is an error.
-class FieldReader {
- public:
-  FieldReader(const json& j, const std::string& source) : j_(j), source_(source) {}
-
-  bool has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
-
-  int64_t integer(const char* key, int64_t fallback) const {
-    if (!has(key)) return fallback;
-    const auto& v = j_.at(key);
-    if (!v.is_number_integer()) fail(key, "an integer", v);
-    return v.get<int64_t>();
-  }
-  int64_t positive(const char* key, int64_t fallback) const {
-    const int64_t v = integer(key, fallback);
-    if (v <= 0) throw ConfigError(fmt::format("{}: field '{}' must be positive, got {}", source_, key, v));
-    return v;
-  }
-  double number(const char* key, double fallback) const {
-    if (!has(key)) return fallback;
-    const auto& v = j_.at(key);
-    if (!v.is_number()) fail(key, "a number", v);
-    return v.get<double>();
-  }
-  bool boolean(const char* key, bool fallback) const {
-    if (!has(key)) return fallback;
-    const auto& v = j_.at(key);
-    if (!v.is_boolean()) fail(key, "a boolean", v);
-    return v.get<bool>();
-  }
-  std::string string(const char* key, const std::string& fallback) const {
-    if (!has(key)) return fallback;
-    const auto& v = j_.at(key);
-    if (!v.is_string()) fail(key, "a string", v);
-    return v.get<std::string>();
-  }
-
- private:
-  [[noreturn]] void fail(const char* key, const char* kind, const json& v) const {
-    throw ConfigError(fmt::format("{}: field '{}' must be {}, got {}", source_, key, kind, v.dump()));
-  }
-  const json& j_;
-  const std::string& source_;
-};
+using FieldReader = ConfigReader;
 
 RopeParameters read_rope(const json& j, const std::string& source) {
   FieldReader top(j, source);
@@ -85,10 +42,28 @@ RopeParameters read_rope(const json& j, const std::string& source) {
     }
   };
   const auto& type = rope.rope_type;
+  static const std::map<std::string, nn::RopeKind> kinds{
+      {"default", nn::RopeKind::kDefault}, {"linear", nn::RopeKind::kLinear},  {"dynamic", nn::RopeKind::kDynamic},
+      {"llama3", nn::RopeKind::kLlama3},   {"yarn", nn::RopeKind::kYarn},      {"longrope", nn::RopeKind::kLongrope}};
+  auto kind = kinds.find(type);
+  if (kind == kinds.end()) {
+    throw ConfigError(fmt::format(
+        "{}: unsupported rope_type '{}' (supported: default, linear, dynamic, llama3, yarn, longrope)", where, type));
+  }
+  rope.kind = kind->second;
   if (type == "default") return rope;
-  if (type != "linear" && type != "dynamic" && type != "llama3" && type != "yarn") {
-    throw ConfigError(fmt::format("{}: unsupported rope_type '{}' (supported: default, linear, dynamic, llama3, yarn)",
-                                  where, type));
+  if (type == "longrope") {
+    require({"short_factor", "long_factor"});
+    rope.short_factor = r.numbers("short_factor");
+    rope.long_factor = r.numbers("long_factor");
+    // Phi-3 keeps the trained length at the top level; newer configs inside rope_scaling.
+    rope.original_max_position_embeddings = r.has("original_max_position_embeddings")
+                                                ? r.positive("original_max_position_embeddings", 1)
+                                                : top.positive("original_max_position_embeddings", 0 + 1);
+    if (!r.has("original_max_position_embeddings") && !top.has("original_max_position_embeddings")) {
+      throw ConfigError(fmt::format("{}: rope_type 'longrope' needs field 'original_max_position_embeddings'", where));
+    }
+    return rope;
   }
   require({"factor"});
   rope.factor = r.number("factor", 1.0);
@@ -124,12 +99,17 @@ std::optional<int64_t> read_window(const json& j, const FieldReader& f, std::opt
 }
 
 // Which layers slide, per family (hf-semantics 5.2, 5.3).
-void read_layer_types(const json& j, const FieldReader& f, const FamilyEntry& family, DecoderConfig& d,
+void read_layer_types(const json& j, const FieldReader& f, const DecoderTraits& family, DecoderConfig& d,
                       const std::string& source) {
-  using Sliding = FamilyEntry::SlidingLayers;
+  using Sliding = DecoderTraits::SlidingLayers;
   d.layer_types.assign(d.num_hidden_layers, kFullAttention);
   if (family.sliding == Sliding::kNone) {
     d.sliding_window.reset();
+    return;
+  }
+  if (family.sliding == Sliding::kEvenLayers) {
+    d.sliding_window = read_window(j, f, family.defaults.sliding_window);
+    for (int64_t i = 0; d.sliding_window && i < d.num_hidden_layers; i += 2) d.layer_types[i] = kSlidingAttention;
     return;
   }
   if (family.sliding == Sliding::kAll || family.sliding == Sliding::kAllWhenUsed) {
@@ -201,25 +181,9 @@ MoeConfig read_moe(const json& j, const FieldReader& f, const MoeConfig& default
     throw ConfigError(fmt::format("{}: experts_implementation '{}' is not one of grouped, eager", source,
                                   moe.experts_implementation));
   }
+  moe.implementation =
+      moe.experts_implementation == "eager" ? nn::ExpertsImplementation::kEager : nn::ExpertsImplementation::kGrouped;
   return moe;
-}
-
-BertConfig read_bert(const FieldReader& f, const std::string& source) {
-  BertConfig bert;
-  bert.type_vocab_size = f.positive("type_vocab_size", bert.type_vocab_size);
-  bert.layer_norm_eps = f.number("layer_norm_eps", bert.layer_norm_eps);
-  bert.is_decoder = f.boolean("is_decoder", bert.is_decoder);
-  bert.add_cross_attention = f.boolean("add_cross_attention", bert.add_cross_attention);
-  if (bert.add_cross_attention && !bert.is_decoder) {
-    throw ConfigError(fmt::format("{}: add_cross_attention needs is_decoder (cross-attention belongs to a decoder)",
-                                  source));
-  }
-  const std::string embedding = f.string("position_embedding_type", "absolute");
-  if (embedding != "absolute") {
-    throw ConfigError(fmt::format("{}: position_embedding_type '{}' is not supported (only 'absolute')", source,
-                                  embedding));
-  }
-  return bert;
 }
 
 std::vector<int64_t> read_token_ids(const json& j, const char* key, const std::string& source) {
@@ -237,14 +201,21 @@ std::vector<int64_t> read_token_ids(const json& j, const char* key, const std::s
 
 }  // namespace
 
-ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
+FamilyFields::~FamilyFields() = default;
+
+void BertConfig::to_json(json& j) const {
+  j["type_vocab_size"] = type_vocab_size;
+  j["layer_norm_eps"] = layer_norm_eps;
+  j["is_decoder"] = is_decoder;
+  j["add_cross_attention"] = add_cross_attention;
+}
+
+ModelConfig parse_decoder_config(const json& j, const std::string& source, const DecoderTraits& family) {
   if (!j.is_object()) throw ConfigError(fmt::format("{}: expected a JSON object", source));
   FieldReader f(j, source);
   ModelConfig config;
   config.raw = j;
-  if (!f.has("model_type")) throw ConfigError(fmt::format("{}: missing required field 'model_type'", source));
   config.model_type = f.string("model_type", "");
-  const FamilyEntry& family = family_of(config.model_type, source);
   const DecoderConfig& defaults = family.defaults;
 
   DecoderConfig& d = config.decoder;
@@ -254,11 +225,15 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   d.num_hidden_layers = f.positive("num_hidden_layers", defaults.num_hidden_layers);
   d.num_attention_heads = f.positive("num_attention_heads", defaults.num_attention_heads);
   d.num_key_value_heads = f.positive("num_key_value_heads", defaults.num_key_value_heads > 0 ? defaults.num_key_value_heads : d.num_attention_heads);
-  if (!f.has("head_dim") && d.hidden_size % d.num_attention_heads != 0) {
-    throw ConfigError(fmt::format("{}: hidden_size {} is not divisible by num_attention_heads {} (set head_dim)",
-                                  source, d.hidden_size, d.num_attention_heads));
+  if (family.fixed_head_dim) {
+    d.head_dim = f.positive("head_dim", defaults.head_dim);
+  } else {
+    if (!f.has("head_dim") && d.hidden_size % d.num_attention_heads != 0) {
+      throw ConfigError(fmt::format("{}: hidden_size {} is not divisible by num_attention_heads {} (set head_dim)",
+                                    source, d.hidden_size, d.num_attention_heads));
+    }
+    d.head_dim = f.positive("head_dim", d.hidden_size / d.num_attention_heads);
   }
-  d.head_dim = f.positive("head_dim", d.hidden_size / d.num_attention_heads);
   if (d.num_attention_heads % d.num_key_value_heads != 0) {
     throw ConfigError(fmt::format("{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", source,
                                   d.num_attention_heads, d.num_key_value_heads));
@@ -266,14 +241,16 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   d.max_position_embeddings = f.positive("max_position_embeddings", defaults.max_position_embeddings);
   d.rms_norm_eps = f.number("rms_norm_eps", defaults.rms_norm_eps);
   d.hidden_act = f.string("hidden_act", defaults.hidden_act);
+  if (family.activation_field != "hidden_act") d.hidden_act = f.string(family.activation_field.c_str(), defaults.hidden_act);
+  d.activation = nn::parse_activation(d.hidden_act, family.activation_field);
   switch (family.biases) {
-    case FamilyEntry::Biases::kFromConfig:
+    case DecoderTraits::Biases::kFromConfig:
       d.attention_bias = f.boolean("attention_bias", defaults.attention_bias);
       d.qkv_bias = d.o_bias = d.attention_bias;
       d.mlp_bias = f.boolean("mlp_bias", defaults.mlp_bias);
       break;
-    case FamilyEntry::Biases::kNone: d.attention_bias = d.qkv_bias = d.o_bias = d.mlp_bias = false; break;
-    case FamilyEntry::Biases::kQkvOnly:
+    case DecoderTraits::Biases::kNone: d.attention_bias = d.qkv_bias = d.o_bias = d.mlp_bias = false; break;
+    case DecoderTraits::Biases::kQkvOnly:
       d.qkv_bias = true;
       d.attention_bias = d.o_bias = d.mlp_bias = false;
       break;
@@ -284,13 +261,20 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
   read_layer_types(j, f, family, d, source);
   d.qk_norm = defaults.qk_norm;
   if (family.moe) d.moe = read_moe(j, f, defaults.moe, d, source);
-  if (family.bert) config.bert = read_bert(f, source);
   d.rope = read_rope(j, source);
   if (d.rope.partial_rotary_factor <= 0 || d.rope.partial_rotary_factor > 1) {
     throw ConfigError(fmt::format("{}: partial_rotary_factor must be in (0, 1], got {}", source,
                                   d.rope.partial_rotary_factor));
   }
   return config;
+}
+
+ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
+  if (!j.is_object()) throw ConfigError(fmt::format("{}: expected a JSON object", source));
+  FieldReader f(j, source);
+  if (!f.has("model_type")) throw ConfigError(fmt::format("{}: missing required field 'model_type'", source));
+  const auto family = family_of(f.string("model_type", ""), source);
+  return family->parse_config(j, source);
 }
 
 bool MoeConfig::is_sparse_layer(int64_t layer_idx) const {
@@ -302,10 +286,10 @@ int64_t DecoderConfig::max_positions() const {
   const auto scaled = [](int64_t length, double factor) {
     return static_cast<int64_t>(static_cast<double>(length) * factor);
   };
-  const auto& type = rope.rope_type;
-  if (type == "dynamic") return std::numeric_limits<int64_t>::max();  // NTK scaling follows any length
-  if (type == "linear") return scaled(max_position_embeddings, rope.factor);
-  if ((type == "yarn" || type == "llama3") && rope.original_max_position_embeddings > 0) {
+  const auto type = rope.kind;
+  if (type == nn::RopeKind::kDynamic) return std::numeric_limits<int64_t>::max();  // NTK scaling follows any length
+  if (type == nn::RopeKind::kLinear) return scaled(max_position_embeddings, rope.factor);
+  if ((type == nn::RopeKind::kYarn || type == nn::RopeKind::kLlama3) && rope.original_max_position_embeddings > 0) {
     return std::max(max_position_embeddings, scaled(rope.original_max_position_embeddings, rope.factor));
   }
   return max_position_embeddings;
@@ -340,12 +324,9 @@ json ModelConfig::to_json() const {
   j["max_position_embeddings"] = decoder.max_position_embeddings;
   j["hidden_act"] = decoder.hidden_act;
   j["tie_word_embeddings"] = decoder.tie_word_embeddings;
-  if (family_of(model_type, "config").bert) {
-    j["type_vocab_size"] = bert.type_vocab_size;
-    j["layer_norm_eps"] = bert.layer_norm_eps;
-    j["is_decoder"] = bert.is_decoder;
-    j["add_cross_attention"] = bert.add_cross_attention;
-    return j;
+  if (fields) {
+    fields->to_json(j);
+    if (!fields->has_decoder_fields()) return j;
   }
   j["num_key_value_heads"] = decoder.num_key_value_heads;
   j["head_dim"] = decoder.head_dim;

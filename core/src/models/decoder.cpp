@@ -10,27 +10,11 @@
 #include "torchpatch/generation/cache.h"
 #include "torchpatch/nn/losses.h"
 #include "torchpatch/nn/masks.h"
-#include "torchpatch/patching/outputs.h"
 #include "torchpatch/patching/build.h"
 
 namespace torchpatch {
 
 namespace {
-std::string join_path(const std::string& prefix, const std::string& name) {
-  return prefix.empty() ? name : prefix + "." + name;
-}
-
-// The class behind a layer's self-attention, for messages ("the layer" when it has none by that name).
-std::string attention_class(const roles::DecoderLayer& layer) {
-  for (const auto& child : layer.named_children()) {
-    if (child.key() != "self_attn") continue;
-    if (const auto* attention = dynamic_cast<const PatchableModule*>(child.value().get())) {
-      return attention->patch_record().class_name;
-    }
-  }
-  return layer.patch_record().class_name;
-}
-
 const std::string& layer_type(const DecoderConfig& config, int64_t i) {
   static const std::string full = kFullAttention;
   return i < static_cast<int64_t>(config.layer_types.size()) ? config.layer_types[i] : full;
@@ -75,28 +59,31 @@ void check_positions(const at::Tensor& position_ids, const DecoderConfig& config
     throw InputError(fmt::format(
         "sequence of {} positions is longer than the model supports ({}: max_position_embeddings {}{})", longest,
         config.max_positions(), config.max_position_embeddings,
-        config.rope.rope_type == "linear" || config.rope.rope_type == "dynamic"
+        config.rope.kind == nn::RopeKind::kLinear || config.rope.kind == nn::RopeKind::kDynamic
             ? fmt::format(" x rope factor {}", config.rope.factor)
             : std::string(", and rope_type '" + config.rope.rope_type + "' does not stretch it")));
   }
 }
 
-DecoderModel::DecoderModel(const ModelConfig& config, const DecoderFamily& family, const std::string& prefix)
-    : PretrainedModel(config, family.base_model), rotary_emb(config.decoder) {
-  const auto& d = this->config().decoder;
+DecoderModel::DecoderModel(const BuildContext& ctx, const DecoderSpec& spec)
+    : PretrainedModel(model_config(ctx), spec.base_model), rotary_emb(model_config(ctx).decoder) {
+  const auto& d = config().decoder;
+  const BuildContext self{config(), -1, ctx.path};
   embed_tokens = register_module("embed_tokens", std::make_shared<nn::Embedding>(d.vocab_size, d.hidden_size));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < d.num_hidden_layers; ++i) {
-    BuildContext ctx{this->config(), i, join_path(prefix, fmt::format("layers.{}", i))};
-    auto layer = build<roles::DecoderLayer>(family.decoder_layer, ctx);
+    auto layer_ctx = self.child(fmt::format("layers.{}", i));
+    layer_ctx.layer_idx = i;
+    auto layer = build<roles::DecoderLayer>(spec.decoder_layer, layer_ctx);
     layers->push_back(layer);
     layer_list_.push_back(layer);
   }
-  norm = register_module("norm", build<roles::Norm>(family.norm, BuildContext{this->config(), -1, join_path(prefix, "norm")}));
+  norm = register_module("norm", build<roles::Norm>(spec.norm, self.child("norm")));
 }
 
-ModelOutput DecoderModel::forward(const ModelInputs& in) {
-  if (!in.outputs.empty()) return forward_capturing(in);
+at::Tensor DecoderModel::embed(const at::Tensor& ids) { return embed_tokens->forward(ids); }
+
+ModelOutput DecoderModel::forward_impl(const ModelInputs& in) {
   const auto& d = config().decoder;
   auto cache = in.past_key_values;
   if (!cache && in.use_cache) cache = std::make_shared<DynamicCache>(d);
@@ -104,7 +91,7 @@ ModelOutput DecoderModel::forward(const ModelInputs& in) {
   validate_decoder_inputs(in, d.vocab_size, past);
   const int64_t batch = in.input_ids.size(0), len = in.input_ids.size(1);
 
-  auto h = embed_tokens->forward(in.input_ids.to(at::kLong));  // [B, T, H]
+  auto h = embed(in.input_ids.to(at::kLong));  // [B, T, H]
   auto position_ids = in.position_ids.defined() ? in.position_ids.to(at::kLong)
                                                 : at::arange(past, past + len, at::kLong).unsqueeze(0).expand({batch, len});
   check_positions(position_ids, d);
@@ -130,14 +117,6 @@ ModelOutput DecoderModel::forward(const ModelInputs& in) {
     attn.layer_idx = static_cast<int64_t>(i);
     attn.mask = masks.at(layer_type(d, attn.layer_idx));
     h = layer_list_[i]->forward(h, attn);
-    if (cache && cache->get_seq_length(attn.layer_idx) != past + len) {
-      // An attention class that does not append to the cache would make every later step forget.
-      throw PatchError(fmt::format("layer {}: {} did not update the key/value cache (it holds {} tokens, expected {}); "
-                                   "attention classes must append through inputs.cache, as "
-                                   "nn::grouped_query_attention does",
-                                   i, attention_class(*layer_list_[i]), cache->get_seq_length(attn.layer_idx),
-                                   past + len));
-    }
     // Hugging Face convention: the last layer's output is replaced by the normed one.
     if (in.output_hidden_states && i + 1 < layer_list_.size()) out.hidden_states.push_back(h);
   }
@@ -155,39 +134,42 @@ LmHead::LmHead(const at::Tensor& tied_weight) { weight = register_parameter("wei
 
 at::Tensor LmHead::forward(const at::Tensor& hidden) const { return nn::linear(hidden, weight); }
 
-DecoderForCausalLM::DecoderForCausalLM(const ModelConfig& config, const DecoderFamily& family)
-    : PretrainedModel(config, family.causal_lm) {
-  const auto& d = this->config().decoder;
-  model = register_module("model", std::make_shared<DecoderModel>(this->config(), family, "model"));
+DecoderForCausalLM::DecoderForCausalLM(const BuildContext& ctx, const DecoderSpec& spec)
+    : PretrainedModel(model_config(ctx), spec.causal_lm) {
+  const auto& d = config().decoder;
+  const BuildContext self{config(), -1, ctx.path};
+  model = register_module("model", build<DecoderModel>(spec.base_model, self.child("model")));
   lm_head = register_module("lm_head", d.tie_word_embeddings ? std::make_shared<LmHead>(model->embed_tokens->weight)
                                                               : std::make_shared<LmHead>(d.hidden_size, d.vocab_size));
 }
 
-ModelOutput DecoderForCausalLM::forward(const ModelInputs& in) {
-  if (in.logits_to_keep < 0) throw InputError(fmt::format("logits_to_keep: must be >= 0, got {}", in.logits_to_keep));
-  const auto& moe = config().decoder.moe;
-  const bool aux = in.output_router_logits && moe.num_experts > 0;
-  auto names = in.outputs;
+void DecoderForCausalLM::required_outputs(const ModelInputs& in, std::vector<std::string>& names) const {
+  const bool aux = in.output_router_logits && config().decoder.moe.num_experts > 0;
   if (aux && std::find(names.begin(), names.end(), "router_logits") == names.end()) names.push_back("router_logits");
-  std::optional<CaptureOutputs> capture;  // recorders are looked up by this class, the outer one
-  if (!names.empty()) capture.emplace(class_name(), names);
-  ModelInputs inner = in;
-  inner.outputs.clear();
-  auto out = model->forward(inner);
-  if (capture) out.captured = capture->take();
-  if (aux) {
+}
+
+at::Tensor DecoderForCausalLM::logits(const at::Tensor& hidden) { return lm_head->forward(hidden); }
+
+ModelOutput DecoderForCausalLM::forward_impl(const ModelInputs& in) {
+  if (in.logits_to_keep < 0) throw InputError(fmt::format("logits_to_keep: must be >= 0, got {}", in.logits_to_keep));
+  auto out = model->forward(in);
+  const int64_t len = out.last_hidden_state.size(1);
+  const int64_t keep = in.logits_to_keep == 0 ? len : std::min(in.logits_to_keep, len);
+  out.logits = logits(out.last_hidden_state.narrow(1, len - keep, keep));
+  if (in.labels.defined() && keep != len) throw InputError("labels: need logits for every position (logits_to_keep 0)");
+  return out;
+}
+
+void DecoderForCausalLM::complete(const ModelInputs& in, ModelOutput& out) const {
+  const auto& moe = config().decoder.moe;
+  if (in.output_router_logits && moe.num_experts > 0) {
     out.aux_loss = nn::load_balancing_loss(out.captured.at("router_logits"), moe.num_experts, moe.num_experts_per_tok,
                                            in.attention_mask);
   }
-  const int64_t len = out.last_hidden_state.size(1);
-  const int64_t keep = in.logits_to_keep == 0 ? len : std::min(in.logits_to_keep, len);
-  out.logits = lm_head->forward(out.last_hidden_state.narrow(1, len - keep, keep));
   if (in.labels.defined()) {
-    if (keep != len) throw InputError("labels: need logits for every position (logits_to_keep 0)");
     out.loss = nn::causal_lm_loss(out.logits, in.labels);
     if (out.aux_loss.defined()) out.loss = out.loss + moe.router_aux_loss_coef * out.aux_loss;
   }
-  return out;
 }
 
 std::map<std::string, std::string> DecoderForCausalLM::tied_weights() const {

@@ -1,19 +1,19 @@
 // Llama: Hugging Face's defaults, class names and patch points on the shared decoder blocks.
 #include "torchpatch/models/llama.h"
 
-#include "models/families.h"
+#include "torchpatch/models/decoder_family.h"
 
 namespace torchpatch::llama {
 
-const DecoderFamily kFamily{"LlamaDecoderLayer", "LlamaRMSNorm", "LlamaModel", "LlamaForCausalLM"};
-const nn::DecoderLayerKeys kLayerKeys{"LlamaAttention", "LlamaMLP", "LlamaRMSNorm"};
+const DecoderSpec& spec() {
+  static const DecoderSpec spec{"LlamaAttention", "LlamaMLP",   "LlamaRMSNorm",
+                                "LlamaDecoderLayer", "LlamaModel", "LlamaForCausalLM"};
+  return spec;
+}
 
-}  // namespace torchpatch::llama
-
-namespace torchpatch {
-
-FamilyEntry llama_family() {
-  DecoderConfig d;  // LlamaConfig defaults
+Family family() {
+  DecoderTraits traits;  // LlamaConfig defaults
+  auto& d = traits.defaults;
   d.vocab_size = 32000;
   d.hidden_size = 4096;
   d.intermediate_size = 11008;
@@ -23,12 +23,18 @@ FamilyEntry llama_family() {
   d.max_position_embeddings = 2048;
   d.rms_norm_eps = 1e-6;
   d.hidden_act = "silu";
-  return decoder_family<llama::LlamaForCausalLM, llama::LlamaModel>("llama", llama::kFamily, d);
+  auto family = decoder_family<LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaDecoderLayer, LlamaModel, LlamaForCausalLM>(
+      "llama", spec(), traits);
+  family.presets = {
+      {"tiny-llama", tiny_decoder_preset("llama", "LlamaForCausalLM")},
+      // A 125M Llama for benchmarks.
+      {"llama-125m",
+       {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", 32000}, {"hidden_size", 768},
+        {"intermediate_size", 2048}, {"num_hidden_layers", 12}, {"num_attention_heads", 12},
+        {"num_key_value_heads", 4}, {"max_position_embeddings", 2048}, {"rms_norm_eps", 1e-5},
+        {"rope_theta", 10000.0}}},
+  };
+  return family;
 }
 
-void add_llama_builtins(std::map<std::string, ModuleClass>& classes) {
-  using namespace llama;
-  add_decoder_builtins<LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaDecoderLayer>(classes, kFamily, kLayerKeys);
-}
-
-}  // namespace torchpatch
+}  // namespace torchpatch::llama

@@ -2,19 +2,19 @@
 // differ from hidden_size / num_attention_heads.
 #include "torchpatch/models/mistral.h"
 
-#include "models/families.h"
+#include "torchpatch/models/decoder_family.h"
 
 namespace torchpatch::mistral {
 
-const DecoderFamily kFamily{"MistralDecoderLayer", "MistralRMSNorm", "MistralModel", "MistralForCausalLM"};
-const nn::DecoderLayerKeys kLayerKeys{"MistralAttention", "MistralMLP", "MistralRMSNorm"};
+const DecoderSpec& spec() {
+  static const DecoderSpec spec{"MistralAttention",    "MistralMLP",   "MistralRMSNorm",
+                                "MistralDecoderLayer", "MistralModel", "MistralForCausalLM"};
+  return spec;
+}
 
-}  // namespace torchpatch::mistral
-
-namespace torchpatch {
-
-FamilyEntry mistral_family() {
-  DecoderConfig d;  // MistralConfig defaults
+Family family() {
+  DecoderTraits traits;  // MistralConfig defaults
+  auto& d = traits.defaults;
   d.vocab_size = 32000;
   d.hidden_size = 4096;
   d.intermediate_size = 14336;
@@ -25,15 +25,14 @@ FamilyEntry mistral_family() {
   d.rms_norm_eps = 1e-6;
   d.hidden_act = "silu";
   d.sliding_window = 4096;
-  auto family = decoder_family<mistral::MistralForCausalLM, mistral::MistralModel>("mistral", mistral::kFamily, d);
-  family.sliding = FamilyEntry::SlidingLayers::kAll;
-  family.biases = FamilyEntry::Biases::kNone;
+  traits.sliding = DecoderTraits::SlidingLayers::kAll;
+  traits.biases = DecoderTraits::Biases::kNone;
+  auto family = decoder_family<MistralAttention, MistralMLP, MistralRMSNorm, MistralDecoderLayer, MistralModel,
+                               MistralForCausalLM>("mistral", spec(), traits);
+  auto tiny = tiny_decoder_preset("mistral", "MistralForCausalLM");
+  tiny["sliding_window"] = 8;
+  family.presets = {{"tiny-mistral", tiny}};
   return family;
 }
 
-void add_mistral_builtins(std::map<std::string, ModuleClass>& classes) {
-  using namespace mistral;
-  add_decoder_builtins<MistralAttention, MistralMLP, MistralRMSNorm, MistralDecoderLayer>(classes, kFamily, kLayerKeys);
-}
-
-}  // namespace torchpatch
+}  // namespace torchpatch::mistral

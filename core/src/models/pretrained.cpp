@@ -20,12 +20,20 @@ std::vector<PatchPoint> PretrainedModel::patch_points() const {
   return points;
 }
 
-ModelOutput PretrainedModel::forward_capturing(const ModelInputs& inputs) {
-  CaptureOutputs capture(class_name(), inputs.outputs);
+ModelOutput PretrainedModel::forward(const ModelInputs& inputs) {
+  auto names = inputs.outputs;
+  required_outputs(inputs, names);
+  if (names.empty()) {
+    auto out = forward_impl(inputs);
+    complete(inputs, out);
+    return out;
+  }
+  CaptureOutputs capture(class_name(), names);  // recorders are looked up by this class, the outer one
   ModelInputs inner = inputs;
   inner.outputs.clear();
-  auto out = forward(inner);
+  auto out = forward_impl(inner);
   out.captured = capture.take();
+  complete(inputs, out);
   return out;
 }
 

@@ -2,19 +2,19 @@
 // `use_sliding_window` with `layer_types` or `max_window_layers`.
 #include "torchpatch/models/qwen2.h"
 
-#include "models/families.h"
+#include "torchpatch/models/decoder_family.h"
 
 namespace torchpatch::qwen2 {
 
-const DecoderFamily kFamily{"Qwen2DecoderLayer", "Qwen2RMSNorm", "Qwen2Model", "Qwen2ForCausalLM"};
-const nn::DecoderLayerKeys kLayerKeys{"Qwen2Attention", "Qwen2MLP", "Qwen2RMSNorm"};
+const DecoderSpec& spec() {
+  static const DecoderSpec spec{"Qwen2Attention",    "Qwen2MLP",   "Qwen2RMSNorm",
+                                "Qwen2DecoderLayer", "Qwen2Model", "Qwen2ForCausalLM"};
+  return spec;
+}
 
-}  // namespace torchpatch::qwen2
-
-namespace torchpatch {
-
-FamilyEntry qwen2_family() {
-  DecoderConfig d;  // Qwen2Config defaults
+Family family() {
+  DecoderTraits traits;  // Qwen2Config defaults
+  auto& d = traits.defaults;
   d.vocab_size = 151936;
   d.hidden_size = 4096;
   d.intermediate_size = 22016;
@@ -25,15 +25,14 @@ FamilyEntry qwen2_family() {
   d.rms_norm_eps = 1e-6;
   d.hidden_act = "silu";
   d.sliding_window = 4096;  // used only with use_sliding_window
-  auto family = decoder_family<qwen2::Qwen2ForCausalLM, qwen2::Qwen2Model>("qwen2", qwen2::kFamily, d);
-  family.sliding = FamilyEntry::SlidingLayers::kFromMaxWindow;
-  family.biases = FamilyEntry::Biases::kQkvOnly;
+  traits.sliding = DecoderTraits::SlidingLayers::kFromMaxWindow;
+  traits.biases = DecoderTraits::Biases::kQkvOnly;
+  auto family = decoder_family<Qwen2Attention, Qwen2MLP, Qwen2RMSNorm, Qwen2DecoderLayer, Qwen2Model, Qwen2ForCausalLM>(
+      "qwen2", spec(), traits);
+  auto tiny = tiny_decoder_preset("qwen2", "Qwen2ForCausalLM");
+  tiny.update({{"use_sliding_window", true}, {"sliding_window", 8}, {"max_window_layers", 1}});
+  family.presets = {{"tiny-qwen2", tiny}};
   return family;
 }
 
-void add_qwen2_builtins(std::map<std::string, ModuleClass>& classes) {
-  using namespace qwen2;
-  add_decoder_builtins<Qwen2Attention, Qwen2MLP, Qwen2RMSNorm, Qwen2DecoderLayer>(classes, kFamily, kLayerKeys);
-}
-
-}  // namespace torchpatch
+}  // namespace torchpatch::qwen2

@@ -3,28 +3,21 @@
 #include "torchpatch/models/qwen2_moe.h"
 #include "torchpatch/models/qwen3_moe.h"
 
-#include "models/families.h"
+#include "torchpatch/models/decoder_family.h"
 
 namespace torchpatch::qwen2_moe {
 
-const DecoderFamily kFamily{"Qwen2MoeDecoderLayer", "Qwen2MoeRMSNorm", "Qwen2MoeModel", "Qwen2MoeForCausalLM"};
-const nn::DecoderLayerKeys kLayerKeys{"Qwen2MoeAttention", "Qwen2MoeMLP", "Qwen2MoeRMSNorm", "Qwen2MoeSparseMoeBlock"};
-const nn::SparseMoeKeys kSparseKeys{"Qwen2MoeTopKRouter", "Qwen2MoeExperts", "Qwen2MoeMLP"};
+const DecoderSpec& spec() {
+  static const DecoderSpec spec{"Qwen2MoeAttention",      "Qwen2MoeMLP",      "Qwen2MoeRMSNorm",
+                                "Qwen2MoeDecoderLayer",   "Qwen2MoeModel",    "Qwen2MoeForCausalLM",
+                                "Qwen2MoeSparseMoeBlock", "Qwen2MoeTopKRouter", "Qwen2MoeExperts",
+                                "Qwen2MoeMLP"};
+  return spec;
+}
 
-}  // namespace torchpatch::qwen2_moe
-
-namespace torchpatch::qwen3_moe {
-
-const DecoderFamily kFamily{"Qwen3MoeDecoderLayer", "Qwen3MoeRMSNorm", "Qwen3MoeModel", "Qwen3MoeForCausalLM"};
-const nn::DecoderLayerKeys kLayerKeys{"Qwen3MoeAttention", "Qwen3MoeMLP", "Qwen3MoeRMSNorm", "Qwen3MoeSparseMoeBlock"};
-const nn::SparseMoeKeys kSparseKeys{"Qwen3MoeTopKRouter", "Qwen3MoeExperts", ""};
-
-}  // namespace torchpatch::qwen3_moe
-
-namespace torchpatch {
-
-FamilyEntry qwen2_moe_family() {
-  DecoderConfig d;  // Qwen2MoeConfig defaults
+Family family() {
+  DecoderTraits traits;  // Qwen2MoeConfig defaults
+  auto& d = traits.defaults;
   d.vocab_size = 151936;
   d.hidden_size = 2048;
   d.intermediate_size = 5632;
@@ -38,23 +31,38 @@ FamilyEntry qwen2_moe_family() {
   d.moe.num_experts_per_tok = 4;
   d.moe.moe_intermediate_size = 1408;
   d.moe.shared_expert_intermediate_size = 5632;
-  auto family = decoder_family<qwen2_moe::Qwen2MoeForCausalLM, qwen2_moe::Qwen2MoeModel>("qwen2_moe",
-                                                                                          qwen2_moe::kFamily, d);
-  family.sliding = FamilyEntry::SlidingLayers::kFromMaxWindow;
-  family.biases = FamilyEntry::Biases::kQkvOnly;
-  family.moe = true;
+  traits.sliding = DecoderTraits::SlidingLayers::kFromMaxWindow;
+  traits.biases = DecoderTraits::Biases::kQkvOnly;
+  traits.moe = true;
+  auto family = decoder_family<Qwen2MoeAttention, Qwen2MoeMLP, Qwen2MoeRMSNorm, Qwen2MoeDecoderLayer, Qwen2MoeModel,
+                               Qwen2MoeForCausalLM>("qwen2_moe", spec(), traits);
+  add_moe_parts<Qwen2MoeSparseMoeBlock, Qwen2MoeTopKRouter, Qwen2MoeExperts>(family, spec());
+  family.presets = {
+      {"qwen2-moe-125m",
+       {{"architectures", {"Qwen2MoeForCausalLM"}}, {"model_type", "qwen2_moe"}, {"vocab_size", 32000},
+        {"hidden_size", 512}, {"intermediate_size", 1408}, {"num_hidden_layers", 8}, {"num_attention_heads", 8},
+        {"num_key_value_heads", 8}, {"max_position_embeddings", 2048}, {"rms_norm_eps", 1e-6},
+        {"num_experts", 16}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 384},
+        {"shared_expert_intermediate_size", 768}, {"norm_topk_prob", false}, {"rope_theta", 1000000.0}}},
+  };
   return family;
 }
 
-void add_qwen2_moe_builtins(std::map<std::string, ModuleClass>& classes) {
-  using namespace qwen2_moe;
-  add_decoder_builtins<Qwen2MoeAttention, Qwen2MoeMLP, Qwen2MoeRMSNorm, Qwen2MoeDecoderLayer>(classes, kFamily,
-                                                                                              kLayerKeys);
-  add_moe_builtins<Qwen2MoeSparseMoeBlock, Qwen2MoeTopKRouter, Qwen2MoeExperts>(classes, kLayerKeys, kSparseKeys);
+}  // namespace torchpatch::qwen2_moe
+
+namespace torchpatch::qwen3_moe {
+
+const DecoderSpec& spec() {
+  static const DecoderSpec spec{"Qwen3MoeAttention",      "Qwen3MoeMLP",        "Qwen3MoeRMSNorm",
+                                "Qwen3MoeDecoderLayer",   "Qwen3MoeModel",      "Qwen3MoeForCausalLM",
+                                "Qwen3MoeSparseMoeBlock", "Qwen3MoeTopKRouter", "Qwen3MoeExperts",
+                                ""};
+  return spec;
 }
 
-FamilyEntry qwen3_moe_family() {
-  DecoderConfig d;  // Qwen3MoeConfig defaults
+Family family() {
+  DecoderTraits traits;  // Qwen3MoeConfig defaults
+  auto& d = traits.defaults;
   d.vocab_size = 151936;
   d.hidden_size = 2048;
   d.intermediate_size = 6144;
@@ -68,18 +76,12 @@ FamilyEntry qwen3_moe_family() {
   d.moe.num_experts = 128;
   d.moe.num_experts_per_tok = 8;
   d.moe.moe_intermediate_size = 768;
-  auto family = decoder_family<qwen3_moe::Qwen3MoeForCausalLM, qwen3_moe::Qwen3MoeModel>("qwen3_moe",
-                                                                                          qwen3_moe::kFamily, d);
-  family.sliding = FamilyEntry::SlidingLayers::kAllWhenUsed;
-  family.moe = true;
+  traits.sliding = DecoderTraits::SlidingLayers::kAllWhenUsed;
+  traits.moe = true;
+  auto family = decoder_family<Qwen3MoeAttention, Qwen3MoeMLP, Qwen3MoeRMSNorm, Qwen3MoeDecoderLayer, Qwen3MoeModel,
+                               Qwen3MoeForCausalLM>("qwen3_moe", spec(), traits);
+  add_moe_parts<Qwen3MoeSparseMoeBlock, Qwen3MoeTopKRouter, Qwen3MoeExperts>(family, spec());
   return family;
 }
 
-void add_qwen3_moe_builtins(std::map<std::string, ModuleClass>& classes) {
-  using namespace qwen3_moe;
-  add_decoder_builtins<Qwen3MoeAttention, Qwen3MoeMLP, Qwen3MoeRMSNorm, Qwen3MoeDecoderLayer>(classes, kFamily,
-                                                                                              kLayerKeys);
-  add_moe_builtins<Qwen3MoeSparseMoeBlock, Qwen3MoeTopKRouter, Qwen3MoeExperts>(classes, kLayerKeys, kSparseKeys);
-}
-
-}  // namespace torchpatch
+}  // namespace torchpatch::qwen3_moe

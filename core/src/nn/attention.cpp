@@ -4,15 +4,14 @@
 
 #include <ATen/ATen.h>
 
-#include "torchpatch/generation/cache.h"
-#include "torchpatch/models/config.h"
 #include "torchpatch/nn/rms_norm.h"
 #include "torchpatch/nn/rotary.h"
 
 namespace torchpatch::nn {
 
 at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const at::Tensor& mask, double scaling, at::Tensor* weights_out, bool upcast_softmax) {
+                           const at::Tensor& mask, double scaling, at::Tensor* weights_out, bool upcast_softmax,
+                           std::optional<double> softcap) {
   const auto b = q.size(0), heads = q.size(1), len = q.size(2), hd = q.size(3);
   const auto kv_heads = k.size(1), kv_len = k.size(2);
   const int64_t groups = heads / kv_heads;
@@ -21,6 +20,7 @@ at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   // copying the keys and values `groups` times (Hugging Face's repeat_kv).
   auto query = q.reshape({b, kv_heads, groups * len, hd});
   auto scores = (at::matmul(query, k.transpose(2, 3)) * scaling).view({b, heads, len, kv_len});  // [B, nH, Q, KV]
+  if (softcap) scores = at::tanh(scores / *softcap) * *softcap;
   if (mask.defined()) scores = scores + mask;
   // Softmax in at least float32 (float64 stays float64: its mask's lowest value has no float32 form).
   auto probs = upcast_softmax ? at::softmax(scores, -1, reduction_type(q.scalar_type())).to(q.scalar_type())
@@ -30,32 +30,30 @@ at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   return out.view({b, heads, len, hd}).transpose(1, 2).contiguous();          // [B, Q, nH, hd]
 }
 
-GqaAttention::GqaAttention(const BuildContext& ctx)
-    : num_heads(ctx.config.decoder.num_attention_heads),
-      num_key_value_heads(ctx.config.decoder.num_key_value_heads),
-      head_dim(ctx.config.decoder.head_dim),
-      layer_idx(ctx.layer_idx),
-      scaling(1.0 / std::sqrt(static_cast<double>(ctx.config.decoder.head_dim))) {
-  const auto& cfg = ctx.config.decoder;
-  const auto in = cfg.hidden_size;
-  q_proj = register_module("q_proj", std::make_shared<Linear>(in, num_heads * head_dim, cfg.qkv_bias));
-  k_proj = register_module("k_proj", std::make_shared<Linear>(in, num_key_value_heads * head_dim, cfg.qkv_bias));
-  v_proj = register_module("v_proj", std::make_shared<Linear>(in, num_key_value_heads * head_dim, cfg.qkv_bias));
-  o_proj = register_module("o_proj", std::make_shared<Linear>(num_heads * head_dim, in, cfg.o_bias));
+GqaAttention::GqaAttention(const GqaOptions& o)
+    : num_heads(o.num_heads),
+      num_key_value_heads(o.num_key_value_heads),
+      head_dim(o.head_dim),
+      scaling(o.scaling > 0 ? o.scaling : 1.0 / std::sqrt(static_cast<double>(o.head_dim))),
+      softcap(o.softcap) {
+  const auto in = o.hidden_size;
+  q_proj = register_module("q_proj", std::make_shared<Linear>(in, num_heads * head_dim, o.qkv_bias));
+  k_proj = register_module("k_proj", std::make_shared<Linear>(in, num_key_value_heads * head_dim, o.qkv_bias));
+  v_proj = register_module("v_proj", std::make_shared<Linear>(in, num_key_value_heads * head_dim, o.qkv_bias));
+  o_proj = register_module("o_proj", std::make_shared<Linear>(num_heads * head_dim, in, o.o_bias));
 }
 
-at::Tensor GqaAttention::forward(const at::Tensor& hidden, const AttentionInputs& inputs) {
+at::Tensor GqaAttention::forward_impl(const at::Tensor& hidden, const AttentionInputs& inputs) {
   return o_proj->forward(grouped_query_attention(q_proj->forward(hidden), k_proj->forward(hidden), v_proj->forward(hidden),
                                                  inputs, shape()));
 }
 
-QkNormAttention::QkNormAttention(const BuildContext& ctx) : GqaAttention(ctx) {
-  const auto eps = ctx.config.decoder.rms_norm_eps;
-  q_norm = register_module("q_norm", std::make_shared<RmsNorm>(head_dim, eps));
-  k_norm = register_module("k_norm", std::make_shared<RmsNorm>(head_dim, eps));
+QkNormAttention::QkNormAttention(const GqaOptions& options, double norm_eps) : GqaAttention(options) {
+  q_norm = register_module("q_norm", std::make_shared<RmsNorm>(head_dim, norm_eps));
+  k_norm = register_module("k_norm", std::make_shared<RmsNorm>(head_dim, norm_eps));
 }
 
-at::Tensor QkNormAttention::forward(const at::Tensor& hidden, const AttentionInputs& inputs) {
+at::Tensor QkNormAttention::forward_impl(const at::Tensor& hidden, const AttentionInputs& inputs) {
   const auto b = hidden.size(0), len = hidden.size(1);
   // Normalise each head's vector: [B, Q, heads, hd] over hd.
   auto q = q_norm->forward(q_proj->forward(hidden).view({b, len, num_heads, head_dim}));
@@ -73,7 +71,8 @@ at::Tensor grouped_query_attention(const at::Tensor& q, const at::Tensor& k, con
   query = apply_rotary(query, inputs.cos, inputs.sin);
   key = apply_rotary(key, inputs.cos, inputs.sin);
   if (inputs.cache) std::tie(key, value) = inputs.cache->update(key, value, inputs.layer_idx);  // [B, nKV, KV, hd]
-  auto out = eager_attention(query, key, value, inputs.mask, shape.scaling, inputs.weights_out);  // [B, Q, nH, hd]
+  auto out = eager_attention(query, key, value, inputs.mask, shape.scaling, inputs.weights_out, true,
+                             shape.softcap);  // [B, Q, nH, hd]
   return out.reshape({b, len, shape.num_heads * shape.head_dim});
 }
 

@@ -4,33 +4,37 @@
 #include <fmt/format.h>
 
 #include "torchpatch/error.h"
-#include "torchpatch/models/config.h"
 
 namespace torchpatch::nn {
 
-at::Tensor activation(const std::string& name, const at::Tensor& x) {
-  if (name == "silu" || name == "swish") return at::silu(x);
-  if (name == "gelu") return at::gelu(x);
-  if (name == "gelu_pytorch_tanh" || name == "gelu_new") return at::gelu(x, "tanh");
-  if (name == "relu") return at::relu(x);
-  throw ConfigError(fmt::format("hidden_act: unsupported activation '{}'", name));
+Activation parse_activation(const std::string& name, const std::string& field) {
+  if (name == "silu" || name == "swish") return Activation::kSilu;
+  if (name == "gelu") return Activation::kGelu;
+  if (name == "gelu_pytorch_tanh" || name == "gelu_new") return Activation::kGeluTanh;
+  if (name == "relu") return Activation::kRelu;
+  throw ConfigError(fmt::format("{}: unsupported activation '{}'", field, name));
 }
 
-GatedMlp::GatedMlp(const BuildContext& ctx)
-    : GatedMlp(ctx, ctx.intermediate_size > 0 ? ctx.intermediate_size : ctx.config.decoder.intermediate_size) {}
+at::Tensor activate(Activation act, const at::Tensor& x) {
+  switch (act) {
+    case Activation::kSilu: return at::silu(x);
+    case Activation::kGelu: return at::gelu(x);
+    case Activation::kGeluTanh: return at::gelu(x, "tanh");
+    case Activation::kRelu: return at::relu(x);
+  }
+  return x;
+}
 
-GatedMlp::GatedMlp(const BuildContext& ctx, int64_t intermediate_size)
-    : hidden_act(ctx.config.decoder.hidden_act) {
-  const auto& cfg = ctx.config.decoder;
-  const auto h = cfg.hidden_size;
-  gate_proj = register_module("gate_proj", std::make_shared<Linear>(h, intermediate_size, cfg.mlp_bias));
-  up_proj = register_module("up_proj", std::make_shared<Linear>(h, intermediate_size, cfg.mlp_bias));
-  down_proj = register_module("down_proj", std::make_shared<Linear>(intermediate_size, h, cfg.mlp_bias));
-  activation(hidden_act, at::zeros({1}));  // reject an unknown activation at build time, not mid-forward
+at::Tensor activation(const std::string& name, const at::Tensor& x) { return activate(parse_activation(name), x); }
+
+GatedMlp::GatedMlp(const MlpOptions& o) : act(o.act) {
+  gate_proj = register_module("gate_proj", std::make_shared<Linear>(o.hidden_size, o.intermediate_size, o.bias));
+  up_proj = register_module("up_proj", std::make_shared<Linear>(o.hidden_size, o.intermediate_size, o.bias));
+  down_proj = register_module("down_proj", std::make_shared<Linear>(o.intermediate_size, o.hidden_size, o.bias));
 }
 
 at::Tensor GatedMlp::forward(const at::Tensor& x) {
-  return down_proj->forward(activation(hidden_act, gate_proj->forward(x)) * up_proj->forward(x));
+  return down_proj->forward(activate(act, gate_proj->forward(x)) * up_proj->forward(x));
 }
 
 }  // namespace torchpatch::nn

@@ -4,10 +4,6 @@
 #include <fmt/format.h>
 
 #include "torchpatch/error.h"
-#include "torchpatch/models/config.h"
-#include "torchpatch/nn/mlp.h"
-#include "torchpatch/patching/build.h"
-#include "torchpatch/patching/outputs.h"
 
 namespace torchpatch::nn {
 
@@ -34,40 +30,27 @@ at::Tensor scores_for(const at::Tensor& logits, const at::Tensor& indices, bool 
 
 // Router ----------------------------------------------------------------------------------------
 
-TopKRouter::TopKRouter(const BuildContext& ctx)
-    : top_k(ctx.config.decoder.moe.num_experts_per_tok),
-      num_experts(ctx.config.decoder.moe.num_experts),
-      norm_topk_prob(ctx.config.decoder.moe.norm_topk_prob) {
-  const auto h = ctx.config.decoder.hidden_size;
-  weight = register_parameter("weight", new_weight({num_experts, h}, h));
+TopKRouter::TopKRouter(const RouterOptions& o)
+    : top_k(o.top_k), num_experts(o.num_experts), norm_topk_prob(o.norm_topk_prob) {
+  weight = register_parameter("weight", new_weight({num_experts, o.hidden_size}, o.hidden_size));
 }
 
-RouterOutput TopKRouter::forward(const at::Tensor& hidden) {
+RouterOutput TopKRouter::forward_impl(const at::Tensor& hidden) {
   return route_top_k(nn::linear(hidden, weight), top_k, norm_topk_prob);  // logits [T, E]
 }
 
 // Experts ---------------------------------------------------------------------------------------
 
-FusedExperts::FusedExperts(const BuildContext& ctx)
-    : num_experts(ctx.config.decoder.moe.num_experts),
-      intermediate_dim(ctx.config.decoder.moe.moe_intermediate_size),
-      hidden_act(ctx.config.decoder.hidden_act),
-      implementation(ctx.config.decoder.moe.experts_implementation) {
-  const auto h = ctx.config.decoder.hidden_size;
+FusedExperts::FusedExperts(const ExpertsOptions& o)
+    : num_experts(o.num_experts), intermediate_dim(o.intermediate_size), act(o.act), implementation(o.implementation) {
+  const auto h = o.hidden_size;
   gate_up_proj = register_parameter("gate_up_proj", new_weight({num_experts, 2 * intermediate_dim, h}, h));
   down_proj = register_parameter("down_proj", new_weight({num_experts, h, intermediate_dim}, intermediate_dim));
 }
 
-at::Tensor FusedExperts::forward(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights) {
-  if (indices.dim() != 2 || indices.size(0) != hidden.size(0) || weights.sizes() != indices.sizes()) {
-    throw InputError(fmt::format("experts: indices {} and weights {} must both be [tokens {}, top_k]",
-                                 fmt::join(indices.sizes(), "x"), fmt::join(weights.sizes(), "x"), hidden.size(0)));
-  }
-  if (indices.numel() > 0 && (indices.min().item<int64_t>() < 0 || indices.max().item<int64_t>() >= num_experts)) {
-    throw InputError(fmt::format("experts: an expert index is outside 0..{}", num_experts - 1));
-  }
-  return implementation == "eager" ? forward_eager(hidden, indices, weights)
-                                   : forward_grouped(hidden, indices, weights);
+at::Tensor FusedExperts::forward_impl(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights) {
+  return implementation == ExpertsImplementation::kEager ? forward_eager(hidden, indices, weights)
+                                                         : forward_grouped(hidden, indices, weights);
 }
 
 at::Tensor FusedExperts::forward_eager(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights) {
@@ -78,7 +61,7 @@ at::Tensor FusedExperts::forward_eager(const at::Tensor& hidden, const at::Tenso
     auto token = hits.select(1, 0), slot = hits.select(1, 1);
     auto x = hidden.index_select(0, token);
     auto gate_up = nn::linear(x, gate_up_proj[e]).chunk(2, -1);
-    auto y = nn::linear(activation(hidden_act, gate_up[0]) * gate_up[1], down_proj[e]);
+    auto y = nn::linear(activate(act, gate_up[0]) * gate_up[1], down_proj[e]);
     y = y * weights.index({token, slot}).unsqueeze(-1);
     out.index_add_(0, token, y.to(out.scalar_type()));
   }
@@ -103,7 +86,7 @@ at::Tensor FusedExperts::forward_grouped(const at::Tensor& hidden, const at::Ten
     if (count[e] == 0) continue;
     auto slice = x.narrow(0, start, count[e]);
     auto gate_up = nn::linear(slice, gate_up_proj[e]).chunk(2, -1);
-    pieces.push_back(nn::linear(activation(hidden_act, gate_up[0]) * gate_up[1], down_proj[e]));
+    pieces.push_back(nn::linear(activate(act, gate_up[0]) * gate_up[1], down_proj[e]));
     start += count[e];
   }
   auto out = at::zeros_like(hidden);
@@ -111,35 +94,6 @@ at::Tensor FusedExperts::forward_grouped(const at::Tensor& hidden, const at::Ten
   // One scatter in expert order adds each token's experts in ascending order, as the eager loop does.
   out.index_add_(0, token, (at::cat(pieces, 0) * w).to(out.scalar_type()));
   return out;
-}
-
-// Sparse block ----------------------------------------------------------------------------------
-
-SparseMoeBlock::SparseMoeBlock(const BuildContext& ctx, const SparseMoeKeys& keys) {
-  auto child = [&](const char* name, int64_t width = 0) {
-    return BuildContext{ctx.config, ctx.layer_idx, ctx.path + "." + name, width};
-  };
-  gate = register_module("gate", build<roles::Router>(keys.router, child("gate")));
-  experts = register_module("experts", build<roles::Experts>(keys.experts, child("experts")));
-  const auto& moe = ctx.config.decoder.moe;
-  if (!keys.shared_expert.empty() && moe.shared_expert_intermediate_size > 0) {
-    shared_expert = register_module(
-        "shared_expert",
-        build<roles::Mlp>(keys.shared_expert, child("shared_expert", moe.shared_expert_intermediate_size)));
-    shared_expert_gate =
-        register_module("shared_expert_gate", std::make_shared<Linear>(ctx.config.decoder.hidden_size, 1, false));
-  }
-}
-
-at::Tensor SparseMoeBlock::forward(const at::Tensor& hidden) {
-  const auto shape = hidden.sizes().vec();
-  const auto x = hidden.reshape({-1, shape.back()});  // [T, H], rows b*S+t
-  const auto routed = gate->forward(x);
-  report_outputs(*gate, {routed.logits, routed.scores, routed.indices});
-  auto out = experts->forward(x, routed.indices, routed.scores);
-  report_outputs(*experts, {out});
-  if (shared_expert) out = out + at::sigmoid(shared_expert_gate->forward(x)) * shared_expert->forward(x);
-  return out.view(shape);
 }
 
 }  // namespace torchpatch::nn

@@ -2,22 +2,21 @@
 
 #include <ATen/ATen.h>
 
-#include "torchpatch/models/config.h"
 #include "torchpatch/nn/linear.h"
 
 namespace torchpatch::nn {
 
-RmsNorm::RmsNorm(int64_t hidden_size, double eps) : variance_epsilon(eps) {
-  weight = register_parameter("weight", at::ones({hidden_size}));
+RmsNorm::RmsNorm(int64_t hidden_size, double eps, bool unit_offset)
+    : variance_epsilon(eps), unit_offset(unit_offset) {
+  weight = register_parameter("weight", unit_offset ? at::zeros({hidden_size}) : at::ones({hidden_size}));
 }
-
-RmsNorm::RmsNorm(const BuildContext& ctx)
-    : RmsNorm(ctx.config.decoder.hidden_size, ctx.config.decoder.rms_norm_eps) {}
 
 at::Tensor RmsNorm::forward(const at::Tensor& x) {
   const auto input_dtype = x.scalar_type();
-  auto h = x.to(reduction_type(input_dtype));
+  const auto reduced = reduction_type(input_dtype);
+  auto h = x.to(reduced);
   h = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + variance_epsilon);
+  if (unit_offset) return (h * (1.0 + weight.to(reduced))).to(input_dtype);  // Gemma: multiply, then cast
   return weight * h.to(input_dtype);  // cast before the weight, as Hugging Face does
 }
 

@@ -12,8 +12,8 @@ namespace torchpatch::nn {
 
 namespace {
 
-int64_t rotary_dim(const DecoderConfig& config) {
-  return static_cast<int64_t>(static_cast<double>(config.head_dim) * config.rope.partial_rotary_factor);
+int64_t rotary_dim(const RopeOptions& options) {
+  return static_cast<int64_t>(static_cast<double>(options.head_dim) * options.rope.partial_rotary_factor);
 }
 
 // inv_freq = 1 / base ** (arange(0, dim, 2) / dim), in float32 like the Python original.
@@ -83,45 +83,57 @@ RopeFrequencies yarn_frequencies(const RopeParameters& rope, int64_t dim, int64_
   return out;
 }
 
-}  // namespace
-
-RopeFrequencies rope_frequencies(const DecoderConfig& config, int64_t seq_len) {
-  const auto& rope = config.rope;
-  const int64_t dim = rotary_dim(config);
-  const auto& type = rope.rope_type;
+// Phi-3's LongRoPE: each frequency divided by its own factor, the long set past the trained length;
+// cos/sin scaled by sqrt(1 + ln(scale) / ln(original)) when the context was extended.
+RopeFrequencies longrope_frequencies(const RopeOptions& options, int64_t dim, int64_t seq_len) {
+  const auto& rope = options.rope;
+  const int64_t original = rope.original_max_position_embeddings > 0 ? rope.original_max_position_embeddings
+                                                                     : options.max_position_embeddings;
+  const auto& factors = seq_len > original ? rope.long_factor : rope.short_factor;
+  if (static_cast<int64_t>(factors.size()) != dim / 2) {
+    throw ConfigError(fmt::format("rope_scaling: longrope needs {} factors (rotary dimension {} / 2), got {}", dim / 2,
+                                  dim, factors.size()));
+  }
+  auto ext = at::tensor(std::vector<float>(factors.begin(), factors.end()), at::kFloat);
+  auto exponents = at::arange(0, dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(dim);
   RopeFrequencies out;
-  if (type == "dynamic") {
-    out.inv_freq = default_inv_freq(dynamic_base(rope, dim, config.max_position_embeddings, seq_len), dim);
-    return out;
-  }
-  out.inv_freq = default_inv_freq(rope.theta, dim);
-  if (type == "default") return out;
-  if (type == "linear") {
-    out.inv_freq = out.inv_freq / rope.factor;
-    return out;
-  }
-  if (type == "llama3") {
-    out.inv_freq = llama3_inv_freq(out.inv_freq, rope);
-    return out;
-  }
-  if (type == "yarn") return yarn_frequencies(rope, dim, config.max_position_embeddings);
-  throw ConfigError(fmt::format("rope_scaling: unsupported rope_type '{}' (supported: default, linear, dynamic, "
-                                "llama3, yarn)",
-                                rope.rope_type));
+  out.inv_freq = 1.0 / (ext * at::pow(rope.theta, exponents));
+  const double scale = static_cast<double>(options.max_position_embeddings) / static_cast<double>(original);
+  out.attention_scaling = scale <= 1.0 ? 1.0 : std::sqrt(1 + std::log(scale) / std::log(static_cast<double>(original)));
+  return out;
 }
 
-RotaryEmbedding::RotaryEmbedding(const DecoderConfig& config)
-    : config_(config),
-      freq_(rope_frequencies(config)),
+}  // namespace
+
+RopeFrequencies rope_frequencies(const RopeOptions& options, int64_t seq_len) {
+  const auto& rope = options.rope;
+  const int64_t dim = rotary_dim(options);
+  RopeFrequencies out;
+  switch (rope.kind) {
+    case RopeKind::kDynamic:
+      out.inv_freq = default_inv_freq(dynamic_base(rope, dim, options.max_position_embeddings, seq_len), dim);
+      return out;
+    case RopeKind::kDefault: out.inv_freq = default_inv_freq(rope.theta, dim); return out;
+    case RopeKind::kLinear: out.inv_freq = default_inv_freq(rope.theta, dim) / rope.factor; return out;
+    case RopeKind::kLlama3: out.inv_freq = llama3_inv_freq(default_inv_freq(rope.theta, dim), rope); return out;
+    case RopeKind::kYarn: return yarn_frequencies(rope, dim, options.max_position_embeddings);
+    case RopeKind::kLongrope: return longrope_frequencies(options, dim, seq_len);
+  }
+  throw ConfigError(fmt::format("rope_scaling: unsupported rope_type '{}'", rope.rope_type));
+}
+
+RotaryEmbedding::RotaryEmbedding(const RopeOptions& options)
+    : options_(options),
+      freq_(rope_frequencies(options)),
       original_(freq_),
-      max_seq_len_cached_(config.max_position_embeddings),
+      max_seq_len_cached_(options.max_position_embeddings),
       dynamic_mutex_(std::make_shared<std::mutex>()) {}
 
 RopeFrequencies RotaryEmbedding::dynamic_update(int64_t seq_len) {
   std::lock_guard<std::mutex> lock(*dynamic_mutex_);
-  const int64_t original_max = config_.max_position_embeddings;
+  const int64_t original_max = options_.max_position_embeddings;
   if (seq_len > max_seq_len_cached_) {  // grow
-    freq_ = rope_frequencies(config_, seq_len);
+    freq_ = rope_frequencies(options_, seq_len);
     max_seq_len_cached_ = seq_len;
   }
   if (seq_len < original_max && max_seq_len_cached_ > original_max) {  // reset
@@ -132,8 +144,9 @@ RopeFrequencies RotaryEmbedding::dynamic_update(int64_t seq_len) {
 }
 
 std::pair<at::Tensor, at::Tensor> RotaryEmbedding::forward(const at::Tensor& position_ids, c10::ScalarType dtype) {
-  const RopeFrequencies freq =
-      config_.rope.rope_type == "dynamic" ? dynamic_update(position_ids.max().item<int64_t>() + 1) : freq_;
+  RopeFrequencies freq = freq_;
+  if (options_.rope.kind == RopeKind::kDynamic) freq = dynamic_update(position_ids.max().item<int64_t>() + 1);
+  if (options_.rope.kind == RopeKind::kLongrope) freq = rope_frequencies(options_, position_ids.max().item<int64_t>() + 1);
   // freqs [B, Q, rot/2] = position * inv_freq, in float32 (a product, as the original's matmul with K=1)
   auto freqs = position_ids.to(at::kFloat).unsqueeze(-1) * freq.inv_freq.unsqueeze(0).unsqueeze(0);
   auto emb = at::cat({freqs, freqs}, -1);

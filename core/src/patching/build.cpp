@@ -1,48 +1,37 @@
 #include "torchpatch/patching/build.h"
-#include "torchpatch/patching/roles.h"
 
 #include <algorithm>
 
 #include <fmt/format.h>
 
-#include "models/families.h"
+#include "torchpatch/patching/class_table.h"
 #include "patching/scope_state.h"
 
 namespace torchpatch {
 
 PatchableModule::~PatchableModule() = default;
-namespace roles {
-Attention::~Attention() = default;
-Mlp::~Mlp() = default;
-Norm::~Norm() = default;
-DecoderLayer::~DecoderLayer() = default;
-Router::~Router() = default;
-Experts::~Experts() = default;
-}  // namespace roles
 
 std::string Origin::describe() const {
   if (builtin()) return "builtin";
   return fmt::format("plugin {} {} ({})", plugin, version, file);
 }
 
-const std::map<std::string, ModuleClass>& builtin_classes() {
-  static const std::map<std::string, ModuleClass> classes = [] {
-    std::map<std::string, ModuleClass> all;
-    add_llama_builtins(all);
-    add_mistral_builtins(all);
-    add_qwen2_builtins(all);
-    add_qwen2_moe_builtins(all);
-    add_qwen3_moe_builtins(all);
-    add_bert_builtins(all);
-    return all;
-  }();
-  return classes;
+std::map<std::string, ModuleClass> builtin_classes() { return builtin_class_table().all(); }
+
+std::string patch_point_role(const std::string& key) { return builtin_class_table().role_of(key); }
+
+BuildContext BuildContext::child(const std::string& name, nlohmann::json child_args) const {
+  return BuildContext{config, layer_idx, path.empty() ? name : path + "." + name, std::move(child_args)};
 }
 
-std::string patch_point_role(const std::string& key) {
-  const auto& classes = builtin_classes();
-  auto it = classes.find(key);
-  return it == classes.end() ? std::string() : it->second.role;
+int64_t BuildContext::arg(const char* name, int64_t fallback) const {
+  auto it = args.find(name);
+  return it != args.end() && it->is_number_integer() ? it->get<int64_t>() : fallback;
+}
+
+bool BuildContext::flag(const char* name, bool fallback) const {
+  auto it = args.find(name);
+  return it != args.end() && it->is_boolean() ? it->get<bool>() : fallback;
 }
 
 namespace {
@@ -109,14 +98,14 @@ std::shared_ptr<PatchableModule> build_module(const std::string& key, const char
       scope->hits[static_cast<std::size_t>(match->entry - scope->mapping.entries().data())]++;
     }
   }
+  std::optional<ModuleClass> builtin;
   if (!cls) {
-    const auto& builtins = builtin_classes();
-    auto it = builtins.find(key);
-    if (it == builtins.end()) {
+    builtin = builtin_class_table().find(key);
+    if (!builtin) {
       throw PatchError(fmt::format("patch point '{}' at {}: no built-in class and no replacement", key,
                                    ctx.path));
     }
-    cls = &it->second;
+    cls = &*builtin;
   }
   std::shared_ptr<PatchableModule> module = cls->factory(ctx);
   if (!module) {

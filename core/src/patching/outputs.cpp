@@ -15,32 +15,9 @@ std::mutex& recorders_mutex() {
   return mutex;
 }
 
-// Built in: attention probabilities (attention output 1) for every family; for the MoE families also
-// router logits (router output 0, as Hugging Face records them) and the routing itself: the weights
-// applied (output 1) and the experts chosen (output 2).
+// Recorders by model class, then by output name. Families register theirs when they are registered.
 std::map<std::string, std::map<std::string, OutputRecorder>>& recorders() {
-  static std::map<std::string, std::map<std::string, OutputRecorder>> all = [] {
-    std::map<std::string, std::map<std::string, OutputRecorder>> m;
-    for (const char* family : {"Llama", "Mistral", "Qwen2", "Qwen2Moe", "Qwen3Moe"}) {
-      for (const char* model : {"ForCausalLM", "Model"}) {
-        m[std::string(family) + model]["attentions"] = {std::string(family) + "Attention", 1, ""};
-      }
-    }
-    for (const char* family : {"Qwen2Moe", "Qwen3Moe"}) {
-      const std::string router = std::string(family) + "TopKRouter";
-      for (const char* model : {"ForCausalLM", "Model"}) {
-        auto& named = m[std::string(family) + model];
-        named["router_logits"] = {router, 0, ""};
-        named["routing_weights"] = {router, 1, ""};
-        named["selected_experts"] = {router, 2, ""};
-      }
-    }
-    for (const char* model : {"BertModel", "BertForMaskedLM"}) {
-      m[model]["attentions"] = {"BertSelfAttention", 1, ""};
-      m[model]["cross_attentions"] = {"BertCrossAttention", 1, ""};
-    }
-    return m;
-  }();
+  static std::map<std::string, std::map<std::string, OutputRecorder>> all;
   return all;
 }
 
@@ -77,14 +54,13 @@ std::map<std::string, OutputRecorder> output_recorders(const std::string& model_
 }
 
 CaptureOutputs::CaptureOutputs(const std::string& model_class, const std::vector<std::string>& names)
-    : state_(new State) {
+    : state_(std::make_unique<State>()) {
   const auto known = output_recorders(model_class);
   for (const auto& name : names) {
     auto it = known.find(name);
     if (it == known.end()) {
       std::vector<std::string> available;
       for (const auto& [n, r] : known) available.push_back(n);
-      delete state_;
       throw InputError(fmt::format("output '{}': {} has no recorder by that name (it has: {}); add one with "
                                    "register_output_recorder",
                                    name, model_class, available.empty() ? "none" : fmt::format("{}", fmt::join(available, ", "))));
@@ -93,22 +69,21 @@ CaptureOutputs::CaptureOutputs(const std::string& model_class, const std::vector
     state_->collected[name];
   }
   state_->outer = active_capture;
-  active_capture = state_;
+  active_capture = state_.get();
 }
 
 CaptureOutputs::~CaptureOutputs() {
   // Closed out of order (not expected with RAII on one thread): unlink wherever it sits.
-  if (active_capture == state_) {
+  if (active_capture == state_.get()) {
     active_capture = state_->outer;
   } else {
     for (State* s = active_capture; s; s = s->outer) {
-      if (s->outer == state_) {
+      if (s->outer == state_.get()) {
         s->outer = state_->outer;
         break;
       }
     }
   }
-  delete state_;
 }
 
 std::map<std::string, std::vector<at::Tensor>> CaptureOutputs::take() { return std::move(state_->collected); }

@@ -15,7 +15,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "torchpatch/export.h"
-#include "torchpatch/models/config.h"
+#include "torchpatch/config.h"
 #include "torchpatch/patching/module_class.h"
 
 namespace torchpatch::checkpoint {
@@ -70,7 +70,7 @@ struct TORCHPATCH_API WeightConverter {
 using WeightTransform = std::variant<WeightRenaming, WeightConverter>;
 using ConversionRules = std::vector<WeightTransform>;
 /// Rules may depend on the config (e.g. q/k/v sizes of a fused projection).
-using ConversionFactory = std::function<ConversionRules(const ModelConfig&)>;
+using ConversionFactory = std::function<ConversionRules(const Config&)>;
 
 /// The reverse of a rule (targets and sources swapped, ops reversed and inverted).
 TORCHPATCH_API WeightTransform reverse_transform(const WeightTransform& transform);
@@ -88,7 +88,7 @@ TORCHPATCH_API void register_checkpoint_conversion_mapping(const std::string& mo
 TORCHPATCH_API void unregister_checkpoint_conversion_mapping(const std::string& model_type_or_class);
 /// The rules registered for a key (built for `config`), or nullopt.
 TORCHPATCH_API std::optional<ConversionRules> get_checkpoint_conversion_mapping(const std::string& model_type_or_class,
-                                                                                const ModelConfig& config);
+                                                                                const Config& config);
 /// Who registered the key (builtin or a plugin), or nullopt when absent.
 TORCHPATCH_API std::optional<Origin> conversion_mapping_origin(const std::string& model_type_or_class);
 

@@ -14,7 +14,7 @@
 #include "torchpatch/checkpoint/checkpoint.h"
 #include "torchpatch/checkpoint/conversion.h"
 #include "torchpatch/export.h"
-#include "torchpatch/models/pretrained.h"
+#include "torchpatch/checkpoint/target.h"
 
 namespace torchpatch::checkpoint {
 
@@ -49,14 +49,14 @@ struct TORCHPATCH_API LoadOptions {
 
 /// The rules that apply to `model`: its class name's (else its model_type's), then the rules of each
 /// patch point's class scoped to the module's path, then (`add_legacy`) the legacy renamings.
-TORCHPATCH_API std::vector<ScopedRules> model_conversion_rules(const PretrainedModel& model, bool add_legacy);
+TORCHPATCH_API std::vector<ScopedRules> model_conversion_rules(const Loadable& model, bool add_legacy);
 
 /// Loads `checkpoint` into `model` (converting dtype to each parameter's).
-TORCHPATCH_API LoadReport load_weights(PretrainedModel& model, const Checkpoint& checkpoint,
+TORCHPATCH_API LoadReport load_weights(Loadable& model, const Checkpoint& checkpoint,
                                        const LoadOptions& options = {});
 
 /// The model's tensors in the hub layout: conversions reversed, tied aliases left out, natural order.
-TORCHPATCH_API std::vector<std::pair<std::string, at::Tensor>> hub_state_dict(const PretrainedModel& model);
+TORCHPATCH_API std::vector<std::pair<std::string, at::Tensor>> hub_state_dict(const Loadable& model);
 
 struct TORCHPATCH_API SaveOptions {
   /// Tensors are split into shards of at most this many bytes (a single larger tensor gets its own).
@@ -65,7 +65,7 @@ struct TORCHPATCH_API SaveOptions {
 
 /// Writes `dir/config.json` and `dir/model.safetensors` (or shards `model-0000i-of-0000n.safetensors`
 /// with `model.safetensors.index.json`), each file written atomically.
-TORCHPATCH_API void save_pretrained(const PretrainedModel& model, const std::filesystem::path& dir,
+TORCHPATCH_API void save_pretrained(const Loadable& model, const std::filesystem::path& dir,
                                     const SaveOptions& options = {});
 
 }  // namespace torchpatch::checkpoint

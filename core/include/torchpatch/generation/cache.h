@@ -14,14 +14,12 @@
 #include <ATen/core/Tensor.h>
 
 #include "torchpatch/models/config.h"
+#include "torchpatch/nn/masks.h"
+#include "torchpatch/patching/roles.h"
 
 namespace torchpatch {
 
-/// Where a layer's keys sit in absolute positions: `length` keys starting at position `offset`.
-struct TORCHPATCH_API MaskSizes {
-  int64_t length;
-  int64_t offset;
-};
+using nn::MaskSizes;
 
 /// One layer's cache. Keys/values are [B, nKV, S, hd], after RoPE and before heads are repeated.
 class TORCHPATCH_API CacheLayer {
@@ -86,15 +84,15 @@ class TORCHPATCH_API SlidingWindowLayer : public CacheLayer {
 
 /// A cache for every layer of a model. Built from a config it holds one layer per `layer_types`
 /// entry; built empty it adds full layers as layers first update it.
-class TORCHPATCH_API DynamicCache {
+class TORCHPATCH_API DynamicCache : public AttentionCache {
  public:
   DynamicCache() = default;
   explicit DynamicCache(const DecoderConfig& config);
 
   /// Appends layer `layer_idx`'s new keys/values; returns what that layer attends over.
-  std::pair<at::Tensor, at::Tensor> update(const at::Tensor& keys, const at::Tensor& values, int64_t layer_idx);
+  std::pair<at::Tensor, at::Tensor> update(const at::Tensor& keys, const at::Tensor& values, int64_t layer_idx) override;
   /// Tokens seen by layer `layer_idx` (0 for a layer not yet used).
-  int64_t get_seq_length(int64_t layer_idx = 0) const;
+  int64_t get_seq_length(int64_t layer_idx = 0) const override;
   MaskSizes get_mask_sizes(int64_t q_len, int64_t layer_idx) const;
 
   void crop(int64_t max_length);

@@ -11,7 +11,9 @@
 
 #include "torchpatch/nn/layer_norm.h"
 #include "torchpatch/nn/linear.h"
-#include "torchpatch/patching/bert_roles.h"
+#include "torchpatch/models/bert_roles.h"
+#include "torchpatch/models/family.h"
+#include "torchpatch/nn/mlp.h"
 
 namespace torchpatch::bert {
 
@@ -74,7 +76,7 @@ class TORCHPATCH_API BertIntermediate : public roles::BertIntermediate {
   at::Tensor forward(const at::Tensor& x) override;
 
   std::shared_ptr<nn::Linear> dense;
-  std::string hidden_act;
+  nn::Activation act;
 };
 
 /// dense: Linear(I, H), LayerNorm(H).
@@ -120,12 +122,11 @@ class TORCHPATCH_API BertPooler : public roles::BertPooler {
   std::shared_ptr<nn::Linear> dense;
 };
 
-/// embeddings, encoder, pooler (unless ctx.add_pooling_layer is false). Writes last_hidden_state,
+/// embeddings, encoder, pooler (unless ctx.args "add_pooling_layer" is false). Writes last_hidden_state,
 /// pooler_output and, when asked, hidden_states (embeddings, then each layer's output).
 class TORCHPATCH_API BertModel : public roles::BertModel {
  public:
   explicit BertModel(const BuildContext& ctx);
-  ModelOutput forward(const ModelInputs& inputs) override;
 
   std::shared_ptr<roles::BertEmbeddings> embeddings;
   std::shared_ptr<roles::BertEncoder> encoder;
@@ -133,6 +134,9 @@ class TORCHPATCH_API BertModel : public roles::BertModel {
 
  private:
   std::string prefix_;  // this model's path in the whole model, for messages
+
+ protected:
+  ModelOutput forward_impl(const ModelInputs& inputs) override;
 };
 
 /// cls.predictions: transform (dense, act, LayerNorm), then the decoder, whose weight is the word
@@ -147,7 +151,7 @@ class TORCHPATCH_API BertLMPredictionHead : public torch::nn::Module {
   std::shared_ptr<torch::nn::Module> decoder;  ///< holds decoder.weight and decoder.bias
   at::Tensor decoder_weight;  ///< [V, H], the word embedding table itself when tied
   at::Tensor bias;            ///< [V], the same tensor as decoder.bias
-  std::string hidden_act;
+  nn::Activation act;
 };
 
 /// bert: BertModel (no pooler), cls.predictions: BertLMPredictionHead. Writes logits [B, T, V], and
@@ -155,11 +159,17 @@ class TORCHPATCH_API BertLMPredictionHead : public torch::nn::Module {
 class TORCHPATCH_API BertForMaskedLM : public roles::BertForMaskedLM {
  public:
   explicit BertForMaskedLM(const BuildContext& ctx);
-  ModelOutput forward(const ModelInputs& inputs) override;
   std::map<std::string, std::string> tied_weights() const override;
 
   std::shared_ptr<roles::BertModel> bert;
   std::shared_ptr<BertLMPredictionHead> predictions;
+
+ protected:
+  ModelOutput forward_impl(const ModelInputs& inputs) override;
+  void complete(const ModelInputs& inputs, ModelOutput& out) const override;
 };
+
+/// The family descriptor (registered with the built-in families).
+Family family();
 
 }  // namespace torchpatch::bert

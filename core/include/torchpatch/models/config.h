@@ -1,35 +1,26 @@
-// Model configuration: the parsed config.json, with Hugging Face's defaults per family filled in.
+// The typed configuration of the transformer families: the fields they share (DecoderConfig), each
+// family's own fields (FamilyFields), Hugging Face's defaults filled in, enums resolved when read.
 #pragma once
 
 #include "torchpatch/export.h"
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "torchpatch/config.h"
+#include "torchpatch/nn/mlp.h"
+#include "torchpatch/nn/moe.h"
+#include "torchpatch/nn/rotary.h"
+
 namespace torchpatch {
 
-/// Rotary embedding parameters after the legacy `rope_theta` / `rope_scaling` fields were merged.
-struct TORCHPATCH_API RopeParameters {
-  std::string rope_type = "default";  ///< "default", "linear", "dynamic", "llama3" or "yarn"
-  double theta = 10000.0;
-  double factor = 1.0;  ///< context extension factor (linear, dynamic, llama3, yarn)
-  double low_freq_factor = 1.0;   ///< llama3
-  double high_freq_factor = 4.0;  ///< llama3
-  int64_t original_max_position_embeddings = 0;  ///< llama3 (required), yarn (optional); 0 = not given
-  double partial_rotary_factor = 1.0;
-  // yarn
-  std::optional<double> attention_factor;  ///< overrides the computed cos/sin scaling
-  double beta_fast = 32.0;
-  double beta_slow = 1.0;
-  std::optional<double> mscale;
-  std::optional<double> mscale_all_dim;
-  bool truncate = true;  ///< round the correction range to whole dimensions
-};
+using nn::RopeParameters;
 
 /// Attention layer kinds, as in Hugging Face's `config.layer_types`.
 inline constexpr const char* kFullAttention = "full_attention";
@@ -45,17 +36,17 @@ struct TORCHPATCH_API MoeConfig {
   int64_t decoder_sparse_step = 1;       ///< layer i is sparse when (i + 1) % step == 0 ...
   std::vector<int64_t> mlp_only_layers;  ///< ... and i is not listed here
   double router_aux_loss_coef = 0.001;
-  /// How the built-in experts run: "grouped" (tokens gathered per chosen expert, the default) or
-  /// "eager" (Hugging Face's reference loop over experts).
+  /// How the built-in experts run: "grouped" (the default) or "eager"; `implementation` is the same, resolved.
   std::string experts_implementation = "grouped";
+  nn::ExpertsImplementation implementation = nn::ExpertsImplementation::kGrouped;
 
   /// Whether decoder layer `layer_idx` has a sparse block.
   bool is_sparse_layer(int64_t layer_idx) const;
 };
 
-/// The fields every family here shares (vocabulary, widths, layers, heads, activation, positions,
-/// padding, tying), named for the decoder-only families (Llama, Mistral, Qwen2, the MoE families)
-/// whose other fields it also holds. BERT reads the shared ones from here and its own from BertConfig.
+/// The fields the transformer families share (vocabulary, widths, layers, heads, activation,
+/// positions, padding, tying), named as the decoder families name them. BERT reads the shared ones
+/// from here and its own from its FamilyFields.
 struct TORCHPATCH_API DecoderConfig {
   int64_t vocab_size = 32000;
   int64_t hidden_size = 4096;
@@ -67,6 +58,7 @@ struct TORCHPATCH_API DecoderConfig {
   int64_t max_position_embeddings = 2048;
   double rms_norm_eps = 1e-6;
   std::string hidden_act = "silu";
+  nn::Activation activation = nn::Activation::kSilu;  ///< hidden_act, resolved
   bool attention_bias = false;  ///< Llama/Mistral: bias on q/k/v/o together
   bool qkv_bias = false;        ///< bias on q/k/v (Qwen2: always; Llama: attention_bias)
   bool o_bias = false;          ///< bias on o_proj (Llama: attention_bias)
@@ -87,26 +79,49 @@ struct TORCHPATCH_API DecoderConfig {
   /// RoPE; original_max_position_embeddings times `factor` for yarn and llama3 when larger; no limit
   /// for dynamic NTK, which adapts to any length.
   int64_t max_positions() const;
+
+  /// What the rotary embedding needs of this config.
+  operator nn::RopeOptions() const { return {rope, head_dim, max_position_embeddings}; }
+};
+
+/// A family's own typed fields, beyond DecoderConfig (BERT's token types, Gemma2's soft-capping, ...).
+struct TORCHPATCH_API FamilyFields {
+  virtual ~FamilyFields();
+  /// Writes the fields back into a config.json object.
+  virtual void to_json(nlohmann::json& j) const {}
+  /// Whether config.json holds the decoder-only fields (heads of keys/values, RMSNorm eps, RoPE).
+  virtual bool has_decoder_fields() const { return true; }
 };
 
 /// BERT's own fields (hf-semantics 5.6).
-struct TORCHPATCH_API BertConfig {
+struct TORCHPATCH_API BertConfig : FamilyFields {
   int64_t type_vocab_size = 2;
   double layer_norm_eps = 1e-12;
   bool is_decoder = false;           ///< causal self-attention
   bool add_cross_attention = false;  ///< a cross-attention block in every layer (needs is_decoder)
+
+  void to_json(nlohmann::json& j) const override;
+  bool has_decoder_fields() const override { return false; }
 };
 
 /// A model's configuration: its `model_type`, the typed fields the built-in modules use, and the raw
-/// JSON so replacements can read any field they need.
-struct TORCHPATCH_API ModelConfig {
-  std::string model_type;
+/// JSON so replacements can read any field they need. Parsed by the family of `model_type`.
+struct TORCHPATCH_API ModelConfig : Config {
   DecoderConfig decoder;
-  BertConfig bert;  ///< model_type "bert" only
-  nlohmann::json raw = nlohmann::json::object();
+  /// The family's own fields; null when it has none.
+  std::shared_ptr<const FamilyFields> fields;
 
-  /// Parses a config.json object; fills Hugging Face's defaults for `model_type`.
-  /// Throws ConfigError naming the field and `source` (a file name, for messages) on bad input.
+  /// The family's fields as `T`; ConfigError when the family has none of that type.
+  template <typename T>
+  const T& family_fields() const {
+    if (const auto* typed = dynamic_cast<const T*>(fields.get())) return *typed;
+    throw ConfigError("config of model_type '" + model_type + "' has no " + typeid(T).name() + " fields");
+  }
+  /// BERT's fields (ConfigError for another family).
+  const BertConfig& bert() const { return family_fields<BertConfig>(); }
+
+  /// Parses a config.json object with the registered family of its `model_type`, which fills Hugging
+  /// Face's defaults. Throws ConfigError naming the field and `source` (a file name) on bad input.
   static ModelConfig from_json(const nlohmann::json& json, const std::string& source = "config");
 
   /// Reads and parses `dir/config.json` (or a config file given directly).
@@ -115,5 +130,35 @@ struct TORCHPATCH_API ModelConfig {
   /// Serialises back to a config.json object (the raw fields with the typed ones written over them).
   nlohmann::json to_json() const;
 };
+
+/// How a decoder family reads the shared fields: its defaults and the rules that differ by family.
+struct TORCHPATCH_API DecoderTraits {
+  /// Which layers slide over a window (when the config has one).
+  enum class SlidingLayers {
+    kNone,           ///< Llama: no sliding window
+    kAll,            ///< Mistral: every layer when `sliding_window` is set
+    kFromMaxWindow,  ///< Qwen2: `use_sliding_window`, then `layer_types` or layers >= `max_window_layers`
+    kAllWhenUsed,    ///< Qwen3-MoE: every layer when `use_sliding_window`
+    kEvenLayers      ///< Gemma2: layers 0, 2, 4, ... (`sliding_window` always on)
+  };
+  /// Where attention and MLP biases come from.
+  enum class Biases {
+    kFromConfig,  ///< Llama: `attention_bias` (q/k/v/o) and `mlp_bias`
+    kNone,        ///< Mistral: never
+    kQkvOnly      ///< Qwen2: q/k/v always, o and the MLP never
+  };
+  DecoderConfig defaults;
+  SlidingLayers sliding = SlidingLayers::kNone;
+  Biases biases = Biases::kFromConfig;
+  bool moe = false;  ///< reads the MoeConfig fields
+  /// head_dim defaults to defaults.head_dim (Gemma), not hidden_size / num_attention_heads.
+  bool fixed_head_dim = false;
+  /// The config field naming the MLP activation ("hidden_act"; Gemma: "hidden_activation").
+  std::string activation_field = "hidden_act";
+};
+
+/// The shared fields of `json`, read as `traits` say (a family's parser starts here).
+TORCHPATCH_API ModelConfig parse_decoder_config(const nlohmann::json& json, const std::string& source,
+                                                const DecoderTraits& traits);
 
 }  // namespace torchpatch

@@ -1,5 +1,6 @@
 // Decoder-only transformers on shared blocks: the base model (embeddings, layers, final norm) and
-// the causal-LM head. Each family (llama.h, ...) names its patch-point keys and nothing else.
+// the causal-LM head. Each family (llama.h, ...) names its patch-point keys and what it does
+// differently, nothing else.
 #pragma once
 
 #include "torchpatch/export.h"
@@ -10,6 +11,7 @@
 
 #include <torch/nn/modules/container/modulelist.h>
 
+#include "torchpatch/models/blocks.h"
 #include "torchpatch/models/pretrained.h"
 #include "torchpatch/nn/linear.h"
 #include "torchpatch/nn/rotary.h"
@@ -17,27 +19,25 @@
 
 namespace torchpatch {
 
-/// A family's class names: its patch-point keys and its model classes.
-struct TORCHPATCH_API DecoderFamily {
-  std::string decoder_layer;  ///< e.g. "LlamaDecoderLayer"
-  std::string norm;           ///< e.g. "LlamaRMSNorm" (the final norm)
-  std::string base_model;     ///< e.g. "LlamaModel"
-  std::string causal_lm;      ///< e.g. "LlamaForCausalLM"
-};
-
-/// `XModel`: embed_tokens, layers.{i}, norm. State-dict keys as in Hugging Face.
+/// `XModel`: embed_tokens, layers.{i}, norm. State-dict keys as in Hugging Face. A patch point under
+/// the family's base-model key, alone or as the `model` of a causal LM.
 class TORCHPATCH_API DecoderModel : public PretrainedModel {
  public:
-  /// `prefix` is this module's path in the whole model ("model" under a causal-LM head, "" alone).
-  DecoderModel(const ModelConfig& config, const DecoderFamily& family, const std::string& prefix = "");
+  static constexpr const char* kRoleName = "DecoderModel";
+  /// `ctx.path` is this module's path in the whole model ("model" under a causal-LM head, "" alone).
+  DecoderModel(const BuildContext& ctx, const DecoderSpec& spec);
 
-  ModelOutput forward(const ModelInputs& inputs) override;
   std::string base_model_prefix() const override { return "model"; }
 
   std::shared_ptr<nn::Embedding> embed_tokens;
   torch::nn::ModuleList layers{nullptr};
   std::shared_ptr<roles::Norm> norm;
   nn::RotaryEmbedding rotary_emb;
+
+ protected:
+  ModelOutput forward_impl(const ModelInputs& inputs) override;
+  /// ids [B, T] -> hidden [B, T, H]; Gemma scales the embeddings.
+  virtual at::Tensor embed(const at::Tensor& ids);
 
  private:
   std::vector<std::shared_ptr<roles::DecoderLayer>> layer_list_;
@@ -60,14 +60,21 @@ class TORCHPATCH_API LmHead : public torch::nn::Module {
 /// `XForCausalLM`: model (a DecoderModel) and lm_head, tied to the embeddings when the config says so.
 class TORCHPATCH_API DecoderForCausalLM : public PretrainedModel {
  public:
-  DecoderForCausalLM(const ModelConfig& config, const DecoderFamily& family);
+  static constexpr const char* kRoleName = "CausalLM";
+  DecoderForCausalLM(const BuildContext& ctx, const DecoderSpec& spec);
 
-  ModelOutput forward(const ModelInputs& inputs) override;
   std::map<std::string, std::string> tied_weights() const override;
   std::string base_model_prefix() const override { return "model"; }
 
   std::shared_ptr<DecoderModel> model;
   std::shared_ptr<LmHead> lm_head;
+
+ protected:
+  ModelOutput forward_impl(const ModelInputs& inputs) override;
+  void required_outputs(const ModelInputs& inputs, std::vector<std::string>& names) const override;
+  void complete(const ModelInputs& inputs, ModelOutput& out) const override;
+  /// hidden [B, T, H] -> logits [B, T, V]; Gemma2 soft-caps them.
+  virtual at::Tensor logits(const at::Tensor& hidden);
 };
 
 /// Checks input_ids / attention_mask / position_ids against each other and the vocabulary, with

@@ -12,6 +12,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 
+#include "torchpatch/checkpoint/target.h"
 #include "torchpatch/models/config.h"
 #include "torchpatch/patching/module_class.h"
 
@@ -59,45 +60,49 @@ struct TORCHPATCH_API ModelOutput {
   at::Tensor aux_loss;  ///< with output_router_logits on a MoE model
 };
 
-/// One patch point of a built model.
-struct TORCHPATCH_API PatchPoint {
-  std::string path;  ///< dotted module path, e.g. "model.layers.0.self_attn"
-  std::shared_ptr<PatchableModule> module;
-};
-
 /// A whole model. It is a PatchableModule so that a model nested in another (BERT's `bert` under a
 /// task head) can be a patch point like any block.
-class TORCHPATCH_API PretrainedModel : public PatchableModule {
+class TORCHPATCH_API PretrainedModel : public PatchableModule, public checkpoint::Loadable {
  public:
   PretrainedModel(ModelConfig config, std::string class_name);
   ~PretrainedModel() override;
 
-  virtual ModelOutput forward(const ModelInputs& inputs) = 0;
+  /// Runs forward_impl. With `inputs.outputs` (or outputs the model needs itself, such as the router
+  /// logits of the load-balancing loss), inside one CaptureOutputs of this class: `captured` holds
+  /// them. Then `complete` adds what needs the captured outputs (losses).
+  ModelOutput forward(const ModelInputs& inputs);
 
-  const ModelConfig& config() const { return config_; }
+  const ModelConfig& config() const override { return config_; }
   /// Hugging Face class name, e.g. "LlamaForCausalLM".
-  const std::string& class_name() const { return class_name_; }
+  const std::string& class_name() const override { return class_name_; }
 
   /// Every module built through a patch point, in module-tree order (the model itself not included).
-  std::vector<PatchPoint> patch_points() const;
+  std::vector<PatchPoint> patch_points() const override;
+
+  torch::nn::Module& module() override { return *this; }
+  const torch::nn::Module& module() const override { return *this; }
+  nlohmann::json config_json() const override { return config_.to_json(); }
 
   /// State-dict keys that share another key's tensor and are absent from checkpoints
   /// (e.g. lm_head.weight -> model.embed_tokens.weight when embeddings are tied).
-  virtual std::map<std::string, std::string> tied_weights() const { return {}; }
+  std::map<std::string, std::string> tied_weights() const override { return {}; }
 
   /// Where a task head keeps the base model ("model" for decoders, "bert" for BERT; Hugging Face's
   /// `base_model_prefix`). Loading adds or strips it, so a base checkpoint loads into a head model
   /// and a head checkpoint into the base model.
-  virtual std::string base_model_prefix() const { return {}; }
+  std::string base_model_prefix() const override { return {}; }
 
   /// Starts of checkpoint keys to leave out without complaint when they name no parameter (Hugging
   /// Face's `_keys_to_ignore_on_load_unexpected`), e.g. "bert.pooler." for BertForMaskedLM.
-  virtual std::vector<std::string> ignored_checkpoint_keys() const { return {}; }
+  std::vector<std::string> ignored_checkpoint_keys() const override { return {}; }
 
  protected:
-  /// forward(inputs) without `inputs.outputs`, inside a CaptureOutputs of this class for them: the
-  /// result with `captured` filled. For a forward that was asked to capture.
-  ModelOutput forward_capturing(const ModelInputs& inputs);
+  /// The forward pass proper; `inputs.outputs` is empty here (capture is forward's business).
+  virtual ModelOutput forward_impl(const ModelInputs& inputs) = 0;
+  /// Outputs to capture beyond the ones asked for (added to `names`).
+  virtual void required_outputs(const ModelInputs& inputs, std::vector<std::string>& names) const {}
+  /// Called with the captured outputs in place: losses that need them.
+  virtual void complete(const ModelInputs& inputs, ModelOutput& out) const {}
 
  private:
   ModelConfig config_;

@@ -3,6 +3,7 @@
 
 #include "torchpatch/export.h"
 
+#include <optional>
 
 #include "torchpatch/nn/linear.h"
 #include "torchpatch/patching/roles.h"
@@ -10,19 +11,21 @@
 namespace torchpatch::nn {
 
 /// Eager attention: q [B, nH, Q, hd], k/v [B, nKV, KV, hd] (repeated to nH heads), additive mask
-/// [B, 1, Q, KV] or undefined. Softmax in float32 and cast back (the decoder families), or in the
-/// input dtype without `upcast_softmax` (BERT). Returns [B, Q, nH, hd]; the probabilities
-/// [B, nH, Q, KV] go to `weights_out` when given.
+/// [B, 1, Q, KV] or undefined. Scores are `q k^T * scaling`, soft-capped to (-cap, cap) with
+/// tanh when `softcap` is set (Gemma2), then masked. Softmax in float32 and cast back (the decoder
+/// families), or in the input dtype without `upcast_softmax` (BERT). Returns [B, Q, nH, hd]; the
+/// probabilities [B, nH, Q, KV] go to `weights_out` when given.
 TORCHPATCH_API at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                           const at::Tensor& mask, double scaling, at::Tensor* weights_out = nullptr,
-                                          bool upcast_softmax = true);
+                                          bool upcast_softmax = true, std::optional<double> softcap = std::nullopt);
 
 /// Head layout of grouped-query attention.
 struct TORCHPATCH_API GqaShape {
   int64_t num_heads;
   int64_t num_key_value_heads;
   int64_t head_dim;
-  double scaling;  ///< head_dim ** -0.5
+  double scaling;                   ///< usually head_dim ** -0.5
+  std::optional<double> softcap{};  ///< attention-logit soft-capping (Gemma2)
 };
 
 /// Everything after the projections: q [B, Q, nH*hd], k/v [B, Q, nKV*hd] -> RoPE, the cache (when
@@ -31,34 +34,48 @@ struct TORCHPATCH_API GqaShape {
 TORCHPATCH_API at::Tensor grouped_query_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                   const AttentionInputs& inputs, const GqaShape& shape);
 
+/// How a grouped-query attention is laid out.
+struct TORCHPATCH_API GqaOptions {
+  int64_t hidden_size = 0;
+  int64_t num_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;
+  bool qkv_bias = false;  ///< biases on q/k/v
+  bool o_bias = false;    ///< a bias on o_proj
+  double scaling = 0;     ///< 0 = head_dim ** -0.5
+  std::optional<double> softcap{};  ///< attention-logit soft-capping (Gemma2)
+};
+
 /// Self-attention with separate q/k/v/o projections and grouped key/value heads.
 /// State dict: q_proj [nH*hd, H], k_proj [nKV*hd, H], v_proj [nKV*hd, H], o_proj [H, nH*hd]
-/// (+ q/k/v biases when config.qkv_bias, an o_proj bias when config.o_bias).
+/// (+ q/k/v biases with qkv_bias, an o_proj bias with o_bias).
 class TORCHPATCH_API GqaAttention : public roles::Attention {
  public:
-  explicit GqaAttention(const BuildContext& ctx);
-
-  at::Tensor forward(const at::Tensor& hidden, const AttentionInputs& inputs) override;
+  explicit GqaAttention(const GqaOptions& options);
 
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
   int64_t num_heads;
   int64_t num_key_value_heads;
   int64_t head_dim;
-  int64_t layer_idx;
-  double scaling;  ///< head_dim ** -0.5
+  double scaling;
+  std::optional<double> softcap;
 
-  GqaShape shape() const { return {num_heads, num_key_value_heads, head_dim, scaling}; }
+  GqaShape shape() const { return {num_heads, num_key_value_heads, head_dim, scaling, softcap}; }
+
+ protected:
+  at::Tensor forward_impl(const at::Tensor& hidden, const AttentionInputs& inputs) override;
 };
 
 /// Grouped-query attention with a per-head RMSNorm on queries and keys before RoPE (Qwen3):
 /// q_norm.weight [hd], k_norm.weight [hd].
 class TORCHPATCH_API QkNormAttention : public GqaAttention {
  public:
-  explicit QkNormAttention(const BuildContext& ctx);
-
-  at::Tensor forward(const at::Tensor& hidden, const AttentionInputs& inputs) override;
+  QkNormAttention(const GqaOptions& options, double norm_eps);
 
   std::shared_ptr<roles::Norm> q_norm, k_norm;
+
+ protected:
+  at::Tensor forward_impl(const at::Tensor& hidden, const AttentionInputs& inputs) override;
 };
 
 }  // namespace torchpatch::nn

@@ -9,9 +9,13 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "torchpatch/generation/cache.h"
-
 namespace torchpatch::nn {
+
+/// Where a layer's keys sit in absolute positions: `length` keys starting at position `offset`.
+struct TORCHPATCH_API MaskSizes {
+  int64_t length;
+  int64_t offset;
+};
 
 /// Where the queries and keys of one attention call sit, in absolute positions.
 struct TORCHPATCH_API MaskLayout {

@@ -1,5 +1,5 @@
-// Mixture-of-experts blocks of the Qwen MoE families: the top-k router, the experts with fused
-// weights, and the sparse block that joins them (with an optional gated shared expert).
+// Mixture-of-experts blocks of the Qwen MoE families: the top-k router and the experts with fused
+// weights (the sparse block that joins them is models/blocks.h).
 #pragma once
 
 #include "torchpatch/export.h"
@@ -8,6 +8,7 @@
 #include <string>
 
 #include "torchpatch/nn/linear.h"
+#include "torchpatch/nn/mlp.h"
 #include "torchpatch/patching/roles.h"
 
 namespace torchpatch::nn {
@@ -20,16 +21,39 @@ TORCHPATCH_API RouterOutput route_top_k(const at::Tensor& logits, int64_t top_k,
 /// route_top_k. Differentiable in `logits` (replaying recorded routes keeps gradients to the router).
 TORCHPATCH_API at::Tensor scores_for(const at::Tensor& logits, const at::Tensor& indices, bool norm_topk_prob);
 
+struct TORCHPATCH_API RouterOptions {
+  int64_t hidden_size = 0;
+  int64_t num_experts = 0;
+  int64_t top_k = 0;
+  bool norm_topk_prob = false;
+};
+
 /// `XTopKRouter`: weight [E, H]; logits = hidden @ weight^T.
 class TORCHPATCH_API TopKRouter : public roles::Router {
  public:
-  explicit TopKRouter(const BuildContext& ctx);
-  RouterOutput forward(const at::Tensor& hidden) override;
+  explicit TopKRouter(const RouterOptions& options);
 
   at::Tensor weight;  ///< [E, H]
   int64_t top_k;
   int64_t num_experts;
   bool norm_topk_prob;
+
+ protected:
+  RouterOutput forward_impl(const at::Tensor& hidden) override;
+};
+
+/// How the built-in experts run (the same numbers either way).
+enum class ExpertsImplementation {
+  kGrouped,  ///< tokens gathered per chosen expert (the default)
+  kEager     ///< Hugging Face's reference loop over experts
+};
+
+struct TORCHPATCH_API ExpertsOptions {
+  int64_t hidden_size = 0;
+  int64_t num_experts = 0;
+  int64_t intermediate_size = 0;  ///< each expert's width
+  Activation act = Activation::kSilu;
+  ExpertsImplementation implementation = ExpertsImplementation::kGrouped;
 };
 
 /// `XExperts`: every expert's gated MLP in two stacked parameters, gate_up_proj [E, 2*Im, H] (gate
@@ -38,8 +62,7 @@ class TORCHPATCH_API TopKRouter : public roles::Router {
 /// which sorts the token-expert pairs by expert once and runs each chosen expert on its slice.
 class TORCHPATCH_API FusedExperts : public roles::Experts {
  public:
-  explicit FusedExperts(const BuildContext& ctx);
-  at::Tensor forward(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights) override;
+  explicit FusedExperts(const ExpertsOptions& options);
 
   at::Tensor forward_eager(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights);
   at::Tensor forward_grouped(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights);
@@ -48,28 +71,12 @@ class TORCHPATCH_API FusedExperts : public roles::Experts {
   at::Tensor down_proj;     ///< [E, H, Im]
   int64_t num_experts;
   int64_t intermediate_dim;
-  std::string hidden_act;
-  std::string implementation;  ///< "grouped" or "eager"
-};
+  Activation act;
+  ExpertsImplementation implementation;
 
-/// Patch-point keys of a sparse block's parts.
-struct TORCHPATCH_API SparseMoeKeys {
-  std::string router;         ///< e.g. "Qwen2MoeTopKRouter"
-  std::string experts;        ///< e.g. "Qwen2MoeExperts"
-  std::string shared_expert;  ///< e.g. "Qwen2MoeMLP"; "" = no shared expert (Qwen3-MoE)
-};
-
-/// `XSparseMoeBlock` (fills an MLP slot): route, run the chosen experts, add the shared expert
-/// scaled by sigmoid(shared_expert_gate(x)). Reports its router's and experts' outputs to output capture.
-class TORCHPATCH_API SparseMoeBlock : public roles::Mlp {
- public:
-  SparseMoeBlock(const BuildContext& ctx, const SparseMoeKeys& keys);
-  at::Tensor forward(const at::Tensor& hidden) override;
-
-  std::shared_ptr<roles::Router> gate;
-  std::shared_ptr<roles::Experts> experts;
-  std::shared_ptr<roles::Mlp> shared_expert;     ///< null without a shared expert
-  std::shared_ptr<Linear> shared_expert_gate;    ///< [1, H]; null without a shared expert
+ protected:
+  at::Tensor forward_impl(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights) override;
+  int64_t expert_count() const override { return num_experts; }
 };
 
 }  // namespace torchpatch::nn

@@ -13,9 +13,9 @@
 
 namespace torchpatch {
 
-/// Built-in classes of every patch point, keyed by Hugging Face class name.
-/// The role of a key is the role of its built-in class.
-TORCHPATCH_API const std::map<std::string, ModuleClass>& builtin_classes();
+/// Built-in classes of every patch point, keyed by Hugging Face class name (a snapshot of
+/// builtin_class_table()). The role of a key is the role of its built-in class.
+TORCHPATCH_API std::map<std::string, ModuleClass> builtin_classes();
 
 /// Role of a known patch-point key, or "" for an unknown key.
 TORCHPATCH_API std::string patch_point_role(const std::string& key);

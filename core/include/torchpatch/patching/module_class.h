@@ -10,11 +10,12 @@
 #include <memory>
 #include <string>
 
+#include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 
-namespace torchpatch {
+#include "torchpatch/config.h"
 
-struct ModelConfig;
+namespace torchpatch {
 
 /// Where a module class came from: built into libtorchpatch_core or loaded from a plugin file.
 struct TORCHPATCH_API Origin {
@@ -29,15 +30,19 @@ struct TORCHPATCH_API Origin {
 
 /// Everything a factory may use to build one module.
 struct TORCHPATCH_API BuildContext {
-  const ModelConfig& config;  ///< the whole model's configuration (raw JSON included)
-  int64_t layer_idx = -1;     ///< decoder layer index, -1 outside layers
-  std::string path;           ///< dotted module path, e.g. "model.layers.3.self_attn"
-  /// An MLP's width when it is not config.intermediate_size (a MoE block's shared expert); 0 = default.
-  int64_t intermediate_size = 0;
-  /// BERT: the BertAttention being built wraps cross-attention (BertCrossAttention), not self-attention.
-  bool is_cross_attention = false;
-  /// BERT: whether the BertModel being built has a pooler (Hugging Face's `add_pooling_layer`).
-  bool add_pooling_layer = true;
+  const Config& config;    ///< the whole model's configuration: `config.as<ModelConfig>()` for the typed fields
+  int64_t layer_idx = -1;  ///< decoder layer index, -1 outside layers
+  std::string path;        ///< dotted module path, e.g. "model.layers.3.self_attn"
+  /// Keyword arguments the parent passes to the constructor, as Python's modules take them (a MoE
+  /// block's shared expert gets {"intermediate_size": 768}); empty for most patch points.
+  nlohmann::json args = nlohmann::json::object();
+
+  /// The context of child `name` (path joined with a dot), in the same layer, with `args`.
+  BuildContext child(const std::string& name, nlohmann::json child_args = nlohmann::json::object()) const;
+  /// Integer keyword argument `name`, or `fallback` when not given.
+  int64_t arg(const char* name, int64_t fallback) const;
+  /// Boolean keyword argument `name`, or `fallback` when not given.
+  bool flag(const char* name, bool fallback) const;
 };
 
 /// How the class of a built module was chosen.
@@ -67,6 +72,12 @@ class TORCHPATCH_API PatchableModule : public torch::nn::Module {
 
  private:
   PatchRecord record_;
+};
+
+/// One patch point of a built model.
+struct TORCHPATCH_API PatchPoint {
+  std::string path;  ///< dotted module path, e.g. "model.layers.0.self_attn"
+  std::shared_ptr<PatchableModule> module;
 };
 
 /// A module class: a name, the role it fills and a factory. Replacements and built-ins alike.

@@ -5,6 +5,7 @@
 #include "torchpatch/export.h"
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -49,7 +50,7 @@ class TORCHPATCH_API CaptureOutputs {
   struct State;
 
  private:
-  State* state_;
+  std::unique_ptr<State> state_;
 };
 
 /// Called with a patch point's outputs by the module that called it (its output tuple in Hugging

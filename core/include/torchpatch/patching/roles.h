@@ -4,13 +4,24 @@
 
 #include "torchpatch/export.h"
 
+#include <utility>
+
 #include <ATen/core/Tensor.h>
 
 #include "torchpatch/patching/module_class.h"
 
 namespace torchpatch {
 
-class DynamicCache;
+/// What an attention needs of a key/value cache (nn::DynamicCache is the built-in one).
+class TORCHPATCH_API AttentionCache {
+ public:
+  virtual ~AttentionCache();
+  /// Appends layer `layer_idx`'s new keys/values [B, nKV, S_new, hd]; returns what the layer attends over.
+  virtual std::pair<at::Tensor, at::Tensor> update(const at::Tensor& keys, const at::Tensor& values,
+                                                   int64_t layer_idx) = 0;
+  /// Tokens layer `layer_idx` has seen (0 for a layer not yet used).
+  virtual int64_t get_seq_length(int64_t layer_idx = 0) const = 0;
+};
 
 /// What a decoder layer hands its attention: rotary tables, the mask of its kind of layer (full or
 /// sliding), and the key/value cache, computed once per forward.
@@ -19,7 +30,7 @@ struct TORCHPATCH_API AttentionInputs {
   at::Tensor sin;           ///< [B, Q, rot_dim] rotary sines
   at::Tensor mask;          ///< [B, 1, Q, KV] additive float mask (0 or dtype min); undefined = none
   at::Tensor position_ids;  ///< [B, Q] int64
-  DynamicCache* cache = nullptr;  ///< append this layer's keys/values and attend over all; null = no cache
+  AttentionCache* cache = nullptr;  ///< append this layer's keys/values and attend over all; null = no cache
   int64_t layer_idx = -1;         ///< the layer being run (its slot in the cache)
   /// When set, the attention stores its probabilities [B, nH, Q, KV] here (for the "attentions" output).
   at::Tensor* weights_out = nullptr;
@@ -34,12 +45,23 @@ struct TORCHPATCH_API RouterOutput {
 
 namespace roles {
 
+// Roles with a contract (Attention, DecoderLayer, Router, Experts) have a non-virtual `forward` that
+// does what every implementation owes its callers, around the protected virtual `forward_impl` that
+// implementations override. Mlp and Norm owe nothing beyond their result.
+
 /// Decoder self-attention: hidden [B, Q, H] -> [B, Q, H].
 class TORCHPATCH_API Attention : public PatchableModule {
  public:
   static constexpr const char* kRoleName = "Attention";
   ~Attention() override;
-  virtual at::Tensor forward(const at::Tensor& hidden, const AttentionInputs& inputs) = 0;
+  /// Runs forward_impl; asks it for the attention probabilities while outputs are captured and
+  /// reports (output, probabilities) as outputs 0 and 1; checks that it appended exactly this call's
+  /// tokens to `inputs.cache` (PatchError naming the class otherwise: every later step would forget).
+  at::Tensor forward(const at::Tensor& hidden, const AttentionInputs& inputs);
+
+ protected:
+  /// Appends to inputs.cache (when set) and fills *inputs.weights_out (when set) with [B, nH, Q, KV].
+  virtual at::Tensor forward_impl(const at::Tensor& hidden, const AttentionInputs& inputs) = 0;
 };
 
 /// Feed-forward block: [..., H] -> [..., H].
@@ -63,7 +85,11 @@ class TORCHPATCH_API DecoderLayer : public PatchableModule {
  public:
   static constexpr const char* kRoleName = "DecoderLayer";
   ~DecoderLayer() override;
-  virtual at::Tensor forward(const at::Tensor& hidden, const AttentionInputs& inputs) = 0;
+  /// Runs forward_impl and reports its output (output 0) to output capture.
+  at::Tensor forward(const at::Tensor& hidden, const AttentionInputs& inputs);
+
+ protected:
+  virtual at::Tensor forward_impl(const at::Tensor& hidden, const AttentionInputs& inputs) = 0;
 };
 
 /// MoE router: tokens [T, H] -> which experts, with which weights.
@@ -71,7 +97,11 @@ class TORCHPATCH_API Router : public PatchableModule {
  public:
   static constexpr const char* kRoleName = "Router";
   ~Router() override;
-  virtual RouterOutput forward(const at::Tensor& hidden) = 0;
+  /// Runs forward_impl and reports (logits, scores, indices) as outputs 0, 1 and 2.
+  RouterOutput forward(const at::Tensor& hidden);
+
+ protected:
+  virtual RouterOutput forward_impl(const at::Tensor& hidden) = 0;
 };
 
 /// MoE experts: tokens [T, H], chosen experts [T, K] and their weights [T, K] -> [T, H], the
@@ -80,7 +110,14 @@ class TORCHPATCH_API Experts : public PatchableModule {
  public:
   static constexpr const char* kRoleName = "Experts";
   ~Experts() override;
-  virtual at::Tensor forward(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights) = 0;
+  /// Checks indices/weights [T, K] against hidden [T, H] and `num_experts` (InputError naming the
+  /// fault), runs forward_impl and reports its output (output 0).
+  at::Tensor forward(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights);
+
+ protected:
+  virtual at::Tensor forward_impl(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights) = 0;
+  /// How many experts this module holds (indices must be below it); 0 = unchecked.
+  virtual int64_t expert_count() const { return 0; }
 };
 
 }  // namespace roles

@@ -7,12 +7,11 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "torchpatch/checkpoint/load.h"
-#include "torchpatch/checkpoint/load.h"
+#include "torchpatch/models/family.h"
 #include "torchpatch/models/pretrained.h"
 
 namespace torchpatch {
@@ -43,8 +42,6 @@ TORCHPATCH_API std::shared_ptr<PretrainedModel> from_pretrained(const std::files
                                                                 const PretrainedOptions& options = {},
                                                                 checkpoint::LoadReport* report = nullptr);
 
-/// Model types torchpatch can build ("llama", ...).
-TORCHPATCH_API std::vector<std::string> supported_model_types();
 
 /// Built-in tiny models with fixed seeds, runnable without downloads.
 TORCHPATCH_API std::vector<std::string> preset_names();

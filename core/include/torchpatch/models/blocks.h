@@ -1,0 +1,72 @@
+// Blocks the decoder families share that are made of patch points: the pre-norm decoder layer and
+// the sparse MoE block. (Blocks without patch points of their own live in nn/.)
+#pragma once
+
+#include "torchpatch/export.h"
+
+#include <memory>
+#include <string>
+
+#include "torchpatch/models/config.h"
+#include "torchpatch/nn/attention.h"
+#include "torchpatch/nn/linear.h"
+#include "torchpatch/nn/mlp.h"
+#include "torchpatch/nn/moe.h"
+#include "torchpatch/patching/roles.h"
+
+namespace torchpatch {
+
+/// A decoder family's class names: its patch-point keys and its model classes.
+struct TORCHPATCH_API DecoderSpec {
+  std::string attention;      ///< e.g. "LlamaAttention"
+  std::string mlp;            ///< e.g. "LlamaMLP"
+  std::string norm;           ///< e.g. "LlamaRMSNorm" (every norm of the layers and the final one)
+  std::string decoder_layer;  ///< e.g. "LlamaDecoderLayer"
+  std::string base_model;     ///< e.g. "LlamaModel"
+  std::string causal_lm;      ///< e.g. "LlamaForCausalLM"
+  // MoE families: the block of sparse layers (config.moe.is_sparse_layer) and its parts.
+  std::string sparse_block = {};   ///< e.g. "Qwen2MoeSparseMoeBlock"
+  std::string router = {};         ///< e.g. "Qwen2MoeTopKRouter"
+  std::string experts = {};        ///< e.g. "Qwen2MoeExperts"
+  std::string shared_expert = {};  ///< e.g. "Qwen2MoeMLP"; "" = none (Qwen3-MoE)
+};
+
+/// The typed config a decoder patch point was built for (ConfigError when it is not a ModelConfig).
+TORCHPATCH_API const ModelConfig& model_config(const BuildContext& ctx);
+
+// Options of the nn blocks, read from a decoder config.
+TORCHPATCH_API nn::GqaOptions attention_options(const DecoderConfig& config);
+/// ctx.args "intermediate_size" overrides the width (a MoE block's shared expert).
+TORCHPATCH_API nn::MlpOptions mlp_options(const BuildContext& ctx);
+TORCHPATCH_API nn::RouterOptions router_options(const DecoderConfig& config);
+TORCHPATCH_API nn::ExpertsOptions experts_options(const DecoderConfig& config);
+
+/// A pre-norm decoder layer: attention and MLP, each behind a norm and a residual connection.
+class TORCHPATCH_API PreNormDecoderLayer : public roles::DecoderLayer {
+ public:
+  PreNormDecoderLayer(const BuildContext& ctx, const DecoderSpec& spec);
+
+  std::shared_ptr<roles::Attention> self_attn;
+  std::shared_ptr<roles::Mlp> mlp;
+  std::shared_ptr<roles::Norm> input_layernorm;
+  std::shared_ptr<roles::Norm> post_attention_layernorm;
+
+ protected:
+  at::Tensor forward_impl(const at::Tensor& hidden, const AttentionInputs& inputs) override;
+};
+
+/// `XSparseMoeBlock` (fills an MLP slot): route, run the chosen experts, add the shared expert
+/// scaled by sigmoid(shared_expert_gate(x)).
+class TORCHPATCH_API SparseMoeBlock : public roles::Mlp {
+ public:
+  SparseMoeBlock(const BuildContext& ctx, const DecoderSpec& spec);
+
+  at::Tensor forward(const at::Tensor& hidden) override;
+
+  std::shared_ptr<roles::Router> gate;
+  std::shared_ptr<roles::Experts> experts;
+  std::shared_ptr<roles::Mlp> shared_expert;       ///< null without a shared expert
+  std::shared_ptr<nn::Linear> shared_expert_gate;  ///< [1, H]; null without a shared expert
+};
+
+}  // namespace torchpatch

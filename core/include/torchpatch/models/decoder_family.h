@@ -1,0 +1,76 @@
+// The Family descriptor of a decoder family, from its classes, names and config rules: what a
+// family file (llama.cpp, ...) registers. Included by family files only.
+#pragma once
+
+#include <string>
+#include <utility>
+
+#include "torchpatch/models/decoder.h"
+#include "torchpatch/models/family.h"
+#include "torchpatch/patching/build.h"
+
+namespace torchpatch {
+
+/// The shapes of the tiny presets (demos and tests): 2 layers, hidden 64, 4 heads over 2 KV heads.
+inline nlohmann::json tiny_decoder_preset(const std::string& model_type, const std::string& causal_lm) {
+  return {{"architectures", {causal_lm}}, {"model_type", model_type}, {"vocab_size", 256}, {"hidden_size", 64},
+          {"intermediate_size", 128}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+          {"num_key_value_heads", 2}, {"max_position_embeddings", 256}, {"rms_norm_eps", 1e-5},
+          {"rope_theta", 10000.0}};
+}
+
+/// Model classes built through their patch points, so a whole model can be replaced too.
+inline void add_model_classes(Family& family, const DecoderSpec& spec) {
+  family.model_classes[spec.causal_lm] = [key = spec.causal_lm](const ModelConfig& c) -> std::shared_ptr<PretrainedModel> {
+    return build<DecoderForCausalLM>(key, BuildContext{c, -1, ""});
+  };
+  family.model_classes[spec.base_model] = [key = spec.base_model](const ModelConfig& c) -> std::shared_ptr<PretrainedModel> {
+    return build<DecoderModel>(key, BuildContext{c, -1, ""});
+  };
+  family.default_class = spec.causal_lm;
+  // Attention probabilities (attention output 1), for every decoder family.
+  for (const auto& model : {spec.causal_lm, spec.base_model}) family.recorders[model]["attentions"] = {spec.attention, 1, ""};
+}
+
+/// A decoder family on the shared blocks: `Attention`, `Mlp`, `Norm`, `Layer`, `Base` and `CausalLM`
+/// are its classes (each constructible from a BuildContext), registered under `spec`'s keys.
+template <class Attention, class Mlp, class Norm, class Layer, class Base, class CausalLM>
+Family decoder_family(std::string model_type, const DecoderSpec& spec, DecoderTraits traits) {
+  Family family;
+  family.model_type = std::move(model_type);
+  family.parse_config = [traits = std::move(traits)](const nlohmann::json& j, const std::string& source) {
+    return parse_decoder_config(j, source, traits);
+  };
+  add_model_classes(family, spec);
+  family.patch_points = {module_class<Attention>(spec.attention), module_class<Mlp>(spec.mlp),
+                         module_class<Norm>(spec.norm),           module_class<Layer>(spec.decoder_layer),
+                         module_class<Base>(spec.base_model),     module_class<CausalLM>(spec.causal_lm)};
+  return family;
+}
+
+/// Adds a MoE family's sparse block, router and experts, their conversions (per-expert hub weights
+/// fused into stacked [E, ...] parameters) and their recorders.
+template <class Block, class Router, class Experts>
+void add_moe_parts(Family& family, const DecoderSpec& spec) {
+  family.patch_points.push_back(module_class<Block>(spec.sparse_block));
+  family.patch_points.push_back(module_class<Router>(spec.router));
+  family.patch_points.push_back(module_class<Experts>(spec.experts));
+  family.conversions = [](const Config&) {
+    using namespace checkpoint;
+    return ConversionRules{
+        WeightConverter{{"mlp.experts.*.gate_proj.weight", "mlp.experts.*.up_proj.weight"},
+                        {"mlp.experts.gate_up_proj"},
+                        {MergeModulelist(0), Concatenate(1)}},
+        WeightConverter{{"mlp.experts.*.down_proj.weight"}, {"mlp.experts.down_proj"}, {MergeModulelist(0)}}};
+  };
+  // Router logits (router output 0, as Hugging Face records them) and the routing itself: the weights
+  // applied (output 1) and the experts chosen (output 2).
+  for (const auto& model : {spec.causal_lm, spec.base_model}) {
+    auto& named = family.recorders[model];
+    named["router_logits"] = {spec.router, 0, ""};
+    named["routing_weights"] = {spec.router, 1, ""};
+    named["selected_experts"] = {spec.router, 2, ""};
+  }
+}
+
+}  // namespace torchpatch

@@ -1,0 +1,76 @@
+// A model family, described once in its own file: its model_type, how its config.json is read, its
+// model classes, its built-in patch points, its default weight conversions, its output recorders and
+// its presets. The tables the rest of torchpatch consults (built-in classes, recorders, conversions,
+// supported model types, presets) are filled from the registered families, never kept by hand.
+#pragma once
+
+#include "torchpatch/export.h"
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "torchpatch/checkpoint/conversion.h"
+#include "torchpatch/models/config.h"
+#include "torchpatch/models/pretrained.h"
+#include "torchpatch/patching/module_class.h"
+#include "torchpatch/patching/outputs.h"
+
+namespace torchpatch {
+
+/// Builds a whole model of one class from its config (the patches in force apply).
+using ModelFactory = std::function<std::shared_ptr<PretrainedModel>(const ModelConfig&)>;
+
+struct TORCHPATCH_API Family {
+  std::string model_type;  ///< e.g. "llama"
+  /// config.json -> the typed config, Hugging Face's defaults filled in; ConfigError on bad input.
+  std::function<ModelConfig(const nlohmann::json& json, const std::string& source)> parse_config;
+  /// Model classes by Hugging Face name, e.g. "LlamaForCausalLM".
+  std::map<std::string, ModelFactory> model_classes;
+  /// Built when config.json's `architectures` names no class of the family.
+  std::string default_class;
+  /// Built-in classes of the family's patch points (its model classes included), by key.
+  std::vector<ModuleClass> patch_points;
+  /// Default weight conversions for this model_type (none when empty).
+  checkpoint::ConversionFactory conversions;
+  /// Output recorders by model class, then by output name (e.g. "router_logits").
+  std::map<std::string, std::map<std::string, OutputRecorder>> recorders;
+  /// Built-in models with fixed shapes: name -> config.json object.
+  std::vector<std::pair<std::string, nlohmann::json>> presets;
+  /// Where the family came from: builtin or a plugin.
+  Origin origin;
+};
+
+/// The families torchpatch can build, by model_type. Adding one registers its patch points, recorders
+/// and conversions in the process-wide tables.
+class TORCHPATCH_API FamilyRegistry {
+ public:
+  /// Registers `family`. A model_type already registered is an Error naming who holds it; a family
+  /// without model_type, parser or model classes is an Error. All or nothing.
+  void add(Family family);
+  /// The family of `model_type`, or nullptr.
+  std::shared_ptr<const Family> find(const std::string& model_type) const;
+  /// Every family, by model_type.
+  std::vector<std::shared_ptr<const Family>> all() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::string, std::shared_ptr<const Family>> families_;
+};
+
+/// The process-wide families (the built-in ones, and those plugins add).
+TORCHPATCH_API FamilyRegistry& global_families();
+
+/// The family of `model_type`; ConfigError "SOURCE: model_type 'X' is not supported (supported: ...)".
+TORCHPATCH_API std::shared_ptr<const Family> family_of(const std::string& model_type, const std::string& source);
+
+/// Model types torchpatch can build ("llama", ...).
+TORCHPATCH_API std::vector<std::string> supported_model_types();
+
+}  // namespace torchpatch

@@ -1,0 +1,74 @@
+#include "torchpatch/models/blocks.h"
+
+#include <ATen/ATen.h>
+
+#include "torchpatch/patching/build.h"
+
+namespace torchpatch {
+
+const ModelConfig& model_config(const BuildContext& ctx) { return ctx.config.as<ModelConfig>(); }
+
+nn::GqaOptions attention_options(const DecoderConfig& d) {
+  nn::GqaOptions o;
+  o.hidden_size = d.hidden_size;
+  o.num_heads = d.num_attention_heads;
+  o.num_key_value_heads = d.num_key_value_heads;
+  o.head_dim = d.head_dim;
+  o.qkv_bias = d.qkv_bias;
+  o.o_bias = d.o_bias;
+  return o;
+}
+
+nn::MlpOptions mlp_options(const BuildContext& ctx) {
+  const auto& d = model_config(ctx).decoder;
+  return {d.hidden_size, ctx.arg("intermediate_size", d.intermediate_size), d.mlp_bias, d.activation};
+}
+
+nn::RouterOptions router_options(const DecoderConfig& d) {
+  return {d.hidden_size, d.moe.num_experts, d.moe.num_experts_per_tok, d.moe.norm_topk_prob};
+}
+
+nn::ExpertsOptions experts_options(const DecoderConfig& d) {
+  return {d.hidden_size, d.moe.num_experts, d.moe.moe_intermediate_size, d.activation, d.moe.implementation};
+}
+
+// -- decoder layer --------------------------------------------------------------------------------
+
+PreNormDecoderLayer::PreNormDecoderLayer(const BuildContext& ctx, const DecoderSpec& spec) {
+  const auto& d = model_config(ctx).decoder;
+  self_attn = register_module("self_attn", build<roles::Attention>(spec.attention, ctx.child("self_attn")));
+  const bool sparse = !spec.sparse_block.empty() && d.moe.is_sparse_layer(ctx.layer_idx);
+  mlp = register_module("mlp", build<roles::Mlp>(sparse ? spec.sparse_block : spec.mlp, ctx.child("mlp")));
+  input_layernorm = register_module("input_layernorm", build<roles::Norm>(spec.norm, ctx.child("input_layernorm")));
+  post_attention_layernorm = register_module(
+      "post_attention_layernorm", build<roles::Norm>(spec.norm, ctx.child("post_attention_layernorm")));
+}
+
+at::Tensor PreNormDecoderLayer::forward_impl(const at::Tensor& hidden, const AttentionInputs& inputs) {
+  auto h = hidden + self_attn->forward(input_layernorm->forward(hidden), inputs);
+  return h + mlp->forward(post_attention_layernorm->forward(h));
+}
+
+// -- sparse MoE block -----------------------------------------------------------------------------
+
+SparseMoeBlock::SparseMoeBlock(const BuildContext& ctx, const DecoderSpec& spec) {
+  const auto& d = model_config(ctx).decoder;
+  gate = register_module("gate", build<roles::Router>(spec.router, ctx.child("gate")));
+  experts = register_module("experts", build<roles::Experts>(spec.experts, ctx.child("experts")));
+  if (!spec.shared_expert.empty() && d.moe.shared_expert_intermediate_size > 0) {
+    const nlohmann::json width{{"intermediate_size", d.moe.shared_expert_intermediate_size}};
+    shared_expert = register_module("shared_expert", build<roles::Mlp>(spec.shared_expert, ctx.child("shared_expert", width)));
+    shared_expert_gate = register_module("shared_expert_gate", std::make_shared<nn::Linear>(d.hidden_size, 1, false));
+  }
+}
+
+at::Tensor SparseMoeBlock::forward(const at::Tensor& hidden) {
+  const auto shape = hidden.sizes().vec();
+  const auto x = hidden.reshape({-1, shape.back()});  // [T, H], rows b*S+t
+  const auto routed = gate->forward(x);
+  auto out = experts->forward(x, routed.indices, routed.scores);
+  if (shared_expert) out = out + at::sigmoid(shared_expert_gate->forward(x)) * shared_expert->forward(x);
+  return out.view(shape);
+}
+
+}  // namespace torchpatch

@@ -1,0 +1,30 @@
+// The families built into libtorchpatch_core: one line each.
+#include "torchpatch/models/bert.h"
+#include "torchpatch/models/family.h"
+#include "torchpatch/models/llama.h"
+#include "torchpatch/models/mistral.h"
+#include "torchpatch/models/qwen2.h"
+#include "torchpatch/models/qwen2_moe.h"
+#include "torchpatch/models/qwen3_moe.h"
+
+namespace torchpatch {
+
+FamilyRegistry& global_families() {
+  static FamilyRegistry* registry = [] {
+    auto* families = new FamilyRegistry;  // never destroyed: plugin families' code outlives static teardown
+    for (auto family : {llama::family(), mistral::family(), qwen2::family(), qwen2_moe::family(), qwen3_moe::family(),
+                        bert::family()}) {
+      families->add(std::move(family));
+    }
+    return families;
+  }();
+  return *registry;
+}
+
+namespace {
+// The built-in patch points are in the class table from the moment the library is loaded, so a
+// registration can check a key's role before any model is built.
+[[maybe_unused]] const bool kBuiltinFamiliesRegistered = (global_families(), true);
+}  // namespace
+
+}  // namespace torchpatch
