@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "torchpatch/models/family.h"
 #include "session.h"
 
 namespace torchpatch::cli {
@@ -33,9 +34,17 @@ int cmd_plugins(const std::vector<std::string>& argv) {
                       {"mode", p.mode == PluginMode::DropIn ? "drop-in" : "bundled"},
                       {"reason", p.reason},
                       {"classes", classes},
-                      {"conversions", p.conversions}});
+                      {"conversions", p.conversions},
+                      {"families", p.families}});
     }
-    std::cout << nlohmann::json{{"plugins", list}}.dump(2) << "\n";
+    // Every family that can be built, built in or from a plugin.
+    auto families = nlohmann::json::array();
+    for (const auto& family : global_families().all()) {
+      std::vector<std::string> classes;
+      for (const auto& [name, factory] : family->model_classes) classes.push_back(name);
+      families.push_back({{"model_type", family->model_type}, {"origin", family->origin.describe()}, {"classes", classes}});
+    }
+    std::cout << nlohmann::json{{"plugins", list}, {"families", families}}.dump(2) << "\n";
     return 0;
   }
   if (host.plugins().empty()) std::cout << "no plugins found\n";
@@ -47,6 +56,7 @@ int cmd_plugins(const std::vector<std::string>& argv) {
                                fmt::join(c.keys, ", "));
     }
     for (const auto& c : p.conversions) std::cout << "          weight conversion for " << c << "\n";
+    for (const auto& f : p.families) std::cout << "          model family " << f << "\n";
     if (!p.reason.empty()) std::cout << "          reason: " << p.reason << "\n";
   }
   return 0;

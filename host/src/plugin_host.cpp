@@ -53,11 +53,13 @@ class CollectingRegistrar : public Registrar {
   void add_replacement(const std::vector<std::string>& keys, ModuleClass cls) override {
     offers.push_back({keys, std::move(cls)});
   }
+  void add_family(Family family) override { families.push_back(std::move(family)); }
   void add_conversion(const std::string& key, checkpoint::ConversionFactory rules) override {
     conversions.emplace_back(key, std::move(rules));
   }
   std::vector<Offer> offers;
   std::vector<std::pair<std::string, checkpoint::ConversionFactory>> conversions;
+  std::vector<Family> families;
 };
 
 std::string safe_string(const char* s) { return s ? std::string(s) : std::string("(null)"); }
@@ -284,6 +286,23 @@ PluginRecord PluginHost::load_file(const fs::path& file, PluginMode mode) {
       return refuse(record, e.what());
     }
     record.conversions.push_back(conversions[i].first);
+  }
+
+  // Families last: they cannot be taken back, so everything else must have gone in first.
+  for (auto& family : registrar.families) {
+    family.origin = origin;
+    const std::string model_type = family.model_type;
+    try {
+      global_families().add(std::move(family));
+    } catch (const Error& e) {
+      for (const auto& key : record.conversions) checkpoint::unregister_checkpoint_conversion_mapping(key);
+      record.conversions.clear();
+      std::vector<std::string> keys;
+      for (const auto& item : items) keys.push_back(item.first);
+      if (!keys.empty()) registry_.unregister_patch_mapping(keys);
+      return refuse(record, e.what());
+    }
+    record.families.push_back(model_type);
   }
 
   // -- accepted

@@ -56,7 +56,7 @@ torchpatch::checkpoint::ConversionRules fused_qkv_rules(const torchpatch::Config
 }
 
 void register_plugin(torchpatch::Registrar& registrar) {
-  registrar.add_replacement<FusedQKVAttention>("FusedQKVAttention", {"LlamaAttention", "MistralAttention", "Qwen2Attention"});
+  registrar.add_replacement<FusedQKVAttention>("FusedQKVAttention", {"LlamaAttention", "MistralAttention", "Qwen2Attention", "GemmaAttention"});
   registrar.add_conversion("FusedQKVAttention", fused_qkv_rules);
 }
 

@@ -3,7 +3,7 @@
 #include <boost/dll/alias.hpp>
 #include <torch/version.h>
 
-#include "torchpatch/patching/registrar.h"
+#include "torchpatch/runtime/registrar.h"
 #include "torchpatch/plugin_descriptor.h"
 
 namespace {

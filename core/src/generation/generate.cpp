@@ -153,6 +153,11 @@ GenerationOutput generate(PretrainedModel& model, const at::Tensor& input_ids, c
       in.attention_mask = at::cat({in.attention_mask, at::ones({batch, 1}, at::kLong)}, 1);
       in.position_ids = in.position_ids.narrow(1, in.position_ids.size(1) - 1, 1) + 1;
     }
+    if (model.recompute_at(prompt + step, in.past_key_values->get_seq_length())) {
+      in.past_key_values->reset();
+      in.input_ids = sequences.narrow(1, 0, prompt + step);
+      if (in.attention_mask.defined()) in.position_ids = positions_from_mask(in.attention_mask);
+    }
   }
   out.new_tokens = step;
   out.decode_seconds = step > 1 ? seconds_since(start) - out.prefill_seconds : 0;

@@ -1,6 +1,7 @@
 // The families built into libtorchpatch_core: one line each.
 #include "torchpatch/models/bert.h"
 #include "torchpatch/models/family.h"
+#include "torchpatch/models/gemma.h"
 #include "torchpatch/models/llama.h"
 #include "torchpatch/models/mistral.h"
 #include "torchpatch/models/qwen2.h"
@@ -13,7 +14,7 @@ FamilyRegistry& global_families() {
   static FamilyRegistry* registry = [] {
     auto* families = new FamilyRegistry;  // never destroyed: plugin families' code outlives static teardown
     for (auto family : {llama::family(), mistral::family(), qwen2::family(), qwen2_moe::family(), qwen3_moe::family(),
-                        bert::family()}) {
+                        gemma::family(), gemma2::family(), bert::family()}) {
       families->add(std::move(family));
     }
     return families;

@@ -37,6 +37,7 @@ struct PluginRecord {
   PluginMode mode = PluginMode::DropIn;
   std::vector<OfferedClass> classes;
   std::vector<std::string> conversions;  ///< keys of the conversion rules it registered
+  std::vector<std::string> families;     ///< model types of the families it added
 
   /// "loaded", "refused" or "duplicate".
   const char* status_name() const;

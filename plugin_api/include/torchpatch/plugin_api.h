@@ -14,7 +14,7 @@
 #include <torch/version.h>
 
 #include "torchpatch/export.h"
-#include "torchpatch/patching/registrar.h"
+#include "torchpatch/runtime/registrar.h"
 #include "torchpatch/plugin_descriptor.h"
 
 namespace torchpatch {

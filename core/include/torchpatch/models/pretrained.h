@@ -96,6 +96,11 @@ class TORCHPATCH_API PretrainedModel : public PatchableModule, public checkpoint
   /// Face's `_keys_to_ignore_on_load_unexpected`), e.g. "bert.pooler." for BertForMaskedLM.
   std::vector<std::string> ignored_checkpoint_keys() const override { return {}; }
 
+  /// Asked by generate before each decoding step: whether to drop the cache and recompute the whole
+  /// sequence of `sequence_length` tokens (padding included) rather than append one more to the
+  /// `cached_length` cached. Phi-3 does so once, when a longrope sequence first passes its trained length.
+  virtual bool recompute_at(int64_t sequence_length, int64_t cached_length) const { return false; }
+
  protected:
   /// The forward pass proper; `inputs.outputs` is empty here (capture is forward's business).
   virtual ModelOutput forward_impl(const ModelInputs& inputs) = 0;

@@ -1,4 +1,4 @@
-#include "torchpatch/patching/registrar.h"
+#include "torchpatch/runtime/registrar.h"
 
 namespace torchpatch {
 Registrar::~Registrar() = default;

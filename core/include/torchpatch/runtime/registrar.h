@@ -7,6 +7,7 @@
 
 #include "torchpatch/checkpoint/conversion.h"
 #include "torchpatch/export.h"
+#include "torchpatch/models/family.h"
 #include "torchpatch/patching/module_class.h"
 
 namespace torchpatch {
@@ -26,6 +27,12 @@ class TORCHPATCH_API Registrar {
   /// plugin's own replacement (then they apply under every module of that class, on load and, reversed,
   /// on save). Registered with the plugin's replacements; a key another plugin already holds is a conflict.
   virtual void add_conversion(const std::string& model_type_or_class, checkpoint::ConversionFactory rules) = 0;
+
+  /// A whole model family (a model_type and everything that comes with it, see models/family.h).
+  /// Whether the plugin is loaded drop-in or as a catalogue, `--model DIR` with that model_type then
+  /// works: a family replaces nothing by being available. A model_type another plugin or the core
+  /// already provides is a conflict that refuses the plugin.
+  virtual void add_family(Family family) = 0;
 
   /// Shorthand: the ModuleClass of `Impl` (constructible from a BuildContext) named `class_name`.
   template <typename Impl>

@@ -1,0 +1,151 @@
+// Gemma and Gemma2: Hugging Face's defaults, class names and patch points on the shared decoder
+// blocks, with what the two do differently.
+#include "torchpatch/models/gemma.h"
+
+#include <cmath>
+
+#include <ATen/ATen.h>
+
+#include "torchpatch/models/decoder_family.h"
+
+namespace torchpatch {
+
+namespace {
+DecoderTraits gemma_traits() {
+  DecoderTraits traits;  // GemmaConfig defaults
+  auto& d = traits.defaults;
+  d.vocab_size = 256000;
+  d.hidden_size = 3072;
+  d.intermediate_size = 24576;
+  d.num_hidden_layers = 28;
+  d.num_attention_heads = 16;
+  d.num_key_value_heads = 16;
+  d.head_dim = 256;
+  d.max_position_embeddings = 8192;
+  d.rms_norm_eps = 1e-6;
+  d.hidden_act = "gelu_pytorch_tanh";  // hidden_activation; None means this, whatever hidden_act says
+  d.tie_word_embeddings = true;
+  traits.fixed_head_dim = true;
+  traits.activation_field = "hidden_activation";
+  return traits;
+}
+
+nlohmann::json tiny_gemma_preset(const std::string& model_type, const std::string& causal_lm) {
+  auto tiny = tiny_decoder_preset(model_type, causal_lm);
+  tiny["head_dim"] = 16;
+  return tiny;
+}
+}  // namespace
+
+namespace gemma {
+
+const DecoderSpec& spec() {
+  static const DecoderSpec spec{"GemmaAttention",    "GemmaMLP",   "GemmaRMSNorm",
+                                "GemmaDecoderLayer", "GemmaModel", "GemmaForCausalLM"};
+  return spec;
+}
+
+at::Tensor GemmaModel::embed(const at::Tensor& ids) {
+  auto h = embed_tokens->forward(ids);
+  const double scale = std::sqrt(static_cast<double>(config().decoder.hidden_size));
+  return h * at::scalar_tensor(scale, h.options());  // rounded to h's dtype first, as Hugging Face does
+}
+
+Family family() {
+  auto family = decoder_family<GemmaAttention, GemmaMLP, GemmaRMSNorm, GemmaDecoderLayer, GemmaModel, GemmaForCausalLM>(
+      "gemma", spec(), gemma_traits());
+  family.presets = {{"tiny-gemma", tiny_gemma_preset("gemma", "GemmaForCausalLM")}};
+  return family;
+}
+
+}  // namespace gemma
+
+namespace gemma2 {
+
+const DecoderSpec& spec() {
+  static const DecoderSpec spec{"Gemma2Attention",    "Gemma2MLP",   "Gemma2RMSNorm",
+                                "Gemma2DecoderLayer", "Gemma2Model", "Gemma2ForCausalLM"};
+  return spec;
+}
+
+void Gemma2Config::to_json(nlohmann::json& j) const {
+  j["query_pre_attn_scalar"] = query_pre_attn_scalar;
+  j["attn_logit_softcapping"] = attn_logit_softcapping ? nlohmann::json(*attn_logit_softcapping) : nlohmann::json();
+  j["final_logit_softcapping"] = final_logit_softcapping ? nlohmann::json(*final_logit_softcapping) : nlohmann::json();
+}
+
+namespace {
+nn::GqaOptions gemma2_attention(const BuildContext& ctx) {
+  const auto& config = model_config(ctx);
+  const auto& own = config.family_fields<Gemma2Config>();
+  auto options = attention_options(config.decoder);
+  options.scaling = 1.0 / std::sqrt(own.query_pre_attn_scalar);
+  options.softcap = own.attn_logit_softcapping;
+  return options;
+}
+
+// A soft cap: absent or null keeps the default, an explicit null turns it off.
+std::optional<double> read_cap(const ConfigReader& f, const char* key, double fallback) {
+  if (!f.json().contains(key)) return fallback;
+  if (f.json().at(key).is_null()) return std::nullopt;
+  const double cap = f.number(key, fallback);
+  if (cap <= 0) f.fail(fmt::format("field '{}' must be positive or null, got {}", key, cap));
+  return cap;
+}
+}  // namespace
+
+Gemma2Attention::Gemma2Attention(const BuildContext& ctx) : GqaAttention(gemma2_attention(ctx)) {}
+
+Gemma2DecoderLayer::Gemma2DecoderLayer(const BuildContext& ctx) {
+  const auto& s = spec();
+  self_attn = register_module("self_attn", build<roles::Attention>(s.attention, ctx.child("self_attn")));
+  mlp = register_module("mlp", build<roles::Mlp>(s.mlp, ctx.child("mlp")));
+  for (auto [slot, name] : {std::pair{&input_layernorm, "input_layernorm"},
+                            std::pair{&post_attention_layernorm, "post_attention_layernorm"},
+                            std::pair{&pre_feedforward_layernorm, "pre_feedforward_layernorm"},
+                            std::pair{&post_feedforward_layernorm, "post_feedforward_layernorm"}}) {
+    *slot = register_module(name, build<roles::Norm>(s.norm, ctx.child(name)));
+  }
+}
+
+at::Tensor Gemma2DecoderLayer::forward_impl(const at::Tensor& hidden, const AttentionInputs& inputs) {
+  auto h = hidden + post_attention_layernorm->forward(self_attn->forward(input_layernorm->forward(hidden), inputs));
+  return h + post_feedforward_layernorm->forward(mlp->forward(pre_feedforward_layernorm->forward(h)));
+}
+
+at::Tensor Gemma2ForCausalLM::logits(const at::Tensor& hidden) {
+  auto out = lm_head->forward(hidden);
+  const auto& cap = config().family_fields<Gemma2Config>().final_logit_softcapping;
+  return cap ? at::tanh(out / *cap) * *cap : out;
+}
+
+Family family() {
+  auto traits = gemma_traits();  // Gemma2Config defaults: Gemma's, and these
+  traits.defaults.hidden_size = 2304;
+  traits.defaults.intermediate_size = 9216;
+  traits.defaults.num_hidden_layers = 26;
+  traits.defaults.num_attention_heads = 8;
+  traits.defaults.num_key_value_heads = 4;
+  traits.defaults.sliding_window = 4096;
+  traits.sliding = DecoderTraits::SlidingLayers::kEvenLayers;
+  auto family = decoder_family<Gemma2Attention, Gemma2MLP, Gemma2RMSNorm, Gemma2DecoderLayer, Gemma2Model,
+                               Gemma2ForCausalLM>("gemma2", spec(), traits);
+  family.parse_config = [traits](const nlohmann::json& j, const std::string& source) {
+    auto config = parse_decoder_config(j, source, traits);
+    ConfigReader f(j, source);
+    auto own = std::make_shared<Gemma2Config>();
+    own->query_pre_attn_scalar = f.number("query_pre_attn_scalar", own->query_pre_attn_scalar);
+    if (own->query_pre_attn_scalar <= 0) f.fail("field 'query_pre_attn_scalar' must be positive");
+    own->attn_logit_softcapping = read_cap(f, "attn_logit_softcapping", 50.0);
+    own->final_logit_softcapping = read_cap(f, "final_logit_softcapping", 30.0);
+    config.fields = std::move(own);
+    return config;
+  };
+  auto tiny = tiny_gemma_preset("gemma2", "Gemma2ForCausalLM");
+  tiny.update({{"sliding_window", 8}, {"query_pre_attn_scalar", 16}});
+  family.presets = {{"tiny-gemma2", tiny}};
+  return family;
+}
+
+}  // namespace gemma2
+}  // namespace torchpatch

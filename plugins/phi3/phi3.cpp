@@ -1,0 +1,146 @@
+// phi3: the Phi-3 family (hf-semantics 5.9) as a plugin, on the core's decoder blocks. Its checkpoints
+// store fused projections, and so do its modules: self_attn.qkv_proj [(nH + 2 nKV) * hd, H] (query
+// heads, then keys, then values) and mlp.gate_up_proj [2 I, H] (gate, then up), so the hub layout
+// loads and saves as it is. LongRoPE switches to its long factors per forward, and generation
+// recomputes the sequence once when it first passes original_max_position_embeddings, as Hugging
+// Face's Phi3ForCausalLM does.
+#include <ATen/ATen.h>
+
+#include "torchpatch/models/decoder_family.h"
+#include "torchpatch/nn/attention.h"
+#include "torchpatch/nn/rms_norm.h"
+#include "torchpatch/plugin_api.h"
+
+namespace {
+
+using namespace torchpatch;
+
+const DecoderSpec& spec() {
+  static const DecoderSpec spec{"Phi3Attention",    "Phi3MLP",   "Phi3RMSNorm",
+                                "Phi3DecoderLayer", "Phi3Model", "Phi3ForCausalLM"};
+  return spec;
+}
+
+class Phi3Attention : public roles::Attention {
+ public:
+  explicit Phi3Attention(const BuildContext& ctx) {
+    const auto& d = model_config(ctx).decoder;
+    shape_ = {d.num_attention_heads, d.num_key_value_heads, d.head_dim, 1.0 / std::sqrt(static_cast<double>(d.head_dim))};
+    sizes_ = {d.num_attention_heads * d.head_dim, d.num_key_value_heads * d.head_dim, d.num_key_value_heads * d.head_dim};
+    qkv_proj = register_module("qkv_proj", std::make_shared<nn::Linear>(d.hidden_size, sizes_[0] + 2 * sizes_[1], false));
+    o_proj = register_module("o_proj", std::make_shared<nn::Linear>(sizes_[0], d.hidden_size, false));
+  }
+
+  std::shared_ptr<nn::Linear> qkv_proj, o_proj;
+
+ protected:
+  // hidden [B, Q, H] -> q [B, Q, nH*hd], k/v [B, Q, nKV*hd] -> [B, Q, H]
+  at::Tensor forward_impl(const at::Tensor& hidden, const AttentionInputs& inputs) override {
+    const auto qkv = qkv_proj->forward(hidden).split_with_sizes(sizes_, -1);
+    return o_proj->forward(nn::grouped_query_attention(qkv[0], qkv[1], qkv[2], inputs, shape_));
+  }
+
+ private:
+  nn::GqaShape shape_{};
+  std::vector<int64_t> sizes_;
+};
+
+class Phi3MLP : public roles::Mlp {
+ public:
+  explicit Phi3MLP(const BuildContext& ctx) : act_(model_config(ctx).decoder.activation) {
+    const auto& d = model_config(ctx).decoder;
+    gate_up_proj = register_module("gate_up_proj", std::make_shared<nn::Linear>(d.hidden_size, 2 * d.intermediate_size, false));
+    down_proj = register_module("down_proj", std::make_shared<nn::Linear>(d.intermediate_size, d.hidden_size, false));
+  }
+
+  // down(up * act(gate)), gate and up the two halves of one projection
+  at::Tensor forward(const at::Tensor& x) override {
+    const auto gate_up = gate_up_proj->forward(x).chunk(2, -1);
+    return down_proj->forward(gate_up[1] * nn::activate(act_, gate_up[0]));
+  }
+
+  std::shared_ptr<nn::Linear> gate_up_proj, down_proj;
+
+ private:
+  nn::Activation act_;
+};
+
+class Phi3RMSNorm : public nn::RmsNorm {
+ public:
+  explicit Phi3RMSNorm(const BuildContext& ctx)
+      : RmsNorm(model_config(ctx).decoder.hidden_size, model_config(ctx).decoder.rms_norm_eps) {}
+};
+
+class Phi3DecoderLayer : public PreNormDecoderLayer {
+ public:
+  explicit Phi3DecoderLayer(const BuildContext& ctx) : PreNormDecoderLayer(ctx, spec()) {}
+};
+
+class Phi3Model : public DecoderModel {
+ public:
+  explicit Phi3Model(const BuildContext& ctx) : DecoderModel(ctx, spec()) {}
+};
+
+class Phi3ForCausalLM : public DecoderForCausalLM {
+ public:
+  explicit Phi3ForCausalLM(const BuildContext& ctx) : DecoderForCausalLM(ctx, spec()) {}
+
+  // Hugging Face tests the whole (padded) length, so a short row of a batch switches with the batch.
+  bool recompute_at(int64_t sequence_length, int64_t cached_length) const override {
+    const auto& rope = config().decoder.rope;
+    const int64_t original = rope.original_max_position_embeddings;
+    return rope.kind == nn::RopeKind::kLongrope && sequence_length >= original + 1 && cached_length <= original;
+  }
+};
+
+// Phi3Config reads rope_scaling {"type": "longrope" (or the older "su" / "yarn"), "short_factor",
+// "long_factor"} and keeps original_max_position_embeddings at the top level.
+ModelConfig parse_phi3(nlohmann::json j, const std::string& source, const DecoderTraits& traits) {
+  auto scaling = j.find("rope_scaling");
+  if (scaling != j.end() && scaling->is_object()) {
+    const auto type = scaling->value("type", scaling->value("rope_type", std::string()));
+    if (type != "longrope" && type != "su" && type != "yarn") {
+      throw ConfigError(source + ": rope_scaling type '" + type + "' is not one Phi-3 knows (longrope, su, yarn)");
+    }
+    for (const auto& [key, value] : scaling->items()) {
+      if (key != "type" && key != "rope_type" && key != "short_factor" && key != "long_factor") {
+        throw ConfigError(source + ": rope_scaling holds '" + key +
+                          "'; Phi-3's has exactly type, short_factor and long_factor");
+      }
+    }
+    (*scaling)["rope_type"] = "longrope";
+    scaling->erase("type");
+    if (!j.contains("original_max_position_embeddings")) j["original_max_position_embeddings"] = 4096;
+  }
+  auto config = parse_decoder_config(j, source, traits);
+  config.raw = j;
+  return config;
+}
+
+Family phi3_family() {
+  DecoderTraits traits;  // Phi3Config defaults
+  auto& d = traits.defaults;
+  d.vocab_size = 32064;
+  d.hidden_size = 3072;
+  d.intermediate_size = 8192;
+  d.num_hidden_layers = 32;
+  d.num_attention_heads = 32;
+  d.num_key_value_heads = 0;  // None: as many as attention heads
+  d.max_position_embeddings = 4096;
+  d.rms_norm_eps = 1e-5;
+  d.hidden_act = "silu";
+  traits.biases = DecoderTraits::Biases::kNone;
+  auto family = decoder_family<Phi3Attention, Phi3MLP, Phi3RMSNorm, Phi3DecoderLayer, Phi3Model, Phi3ForCausalLM>(
+      "phi3", spec(), traits);
+  family.parse_config = [traits](const nlohmann::json& j, const std::string& source) { return parse_phi3(j, source, traits); };
+  auto tiny = tiny_decoder_preset("phi3", "Phi3ForCausalLM");
+  tiny["original_max_position_embeddings"] = 256;
+  family.presets = {{"tiny-phi3", tiny}};
+  return family;
+}
+
+void register_plugin(Registrar& registrar) { registrar.add_family(phi3_family()); }
+
+}  // namespace
+
+TORCHPATCH_PLUGIN("phi3", "1.0.0", register_plugin)
