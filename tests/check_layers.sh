@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fails when a lower layer of libtorchpatch_core includes a higher one. The layers, lowest first:
-#   0 base        torchpatch/{config,error,export}.h        src/base
+#   0 base        torchpatch/{config,error,export,version}.h  src/base
 #   1 patching    torchpatch/patching/                      src/patching
 #   2 nn          torchpatch/nn/                            src/nn
 #   3 checkpoint  torchpatch/checkpoint/                    src/checkpoint
@@ -17,8 +17,8 @@ layer_of() {  # a path under include/torchpatch or src, or an include target "to
     *checkpoint/*) echo 3 ;;
     *models/* | *generation/* | *moe/*) echo 4 ;;
     *runtime/*) echo 5 ;;
-    *base/* | torchpatch/config.h | torchpatch/error.h | torchpatch/export.h | */torchpatch/config.h | \
-      */torchpatch/error.h | */torchpatch/export.h) echo 0 ;;
+    *base/* | torchpatch/config.h | torchpatch/error.h | torchpatch/export.h | torchpatch/version.h | \
+      */torchpatch/config.h | */torchpatch/error.h | */torchpatch/export.h | */torchpatch/version.h) echo 0 ;;
     *) echo unknown ;;
   esac
 }

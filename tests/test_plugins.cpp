@@ -19,7 +19,10 @@
 
 #include <torch/version.h>
 
+#include <fmt/format.h>
+
 #include "torchpatch/error.h"
+#include "torchpatch/version.h"
 #include "torchpatch/runtime/auto.h"
 #include "torchpatch/models/pretrained.h"
 #include "torchpatch/patching/build.h"
@@ -308,6 +311,16 @@ TEST_CASE("a plugin of another plugin ABI version is refused", "[plugins]") {
   CHECK(record.status == Status::Refused);
   CHECK_THAT(record.reason, Contains("plugin ABI version 99") &&
                                 Contains("this host speaks version 1"));
+  CHECK(h.registry.get_patch_mapping().empty());
+}
+
+TEST_CASE("a plugin built against another torchpatch is refused, naming both versions", "[plugins]") {
+  HostWithRegistry h;
+  const auto record = load_single("version_mismatch", h);
+  CHECK(record.status == Status::Refused);
+  CHECK_THAT(record.reason, Contains("built against torchpatch 0.1.0") &&
+                                Contains(fmt::format("this host is torchpatch {}.{}.{}", TORCHPATCH_VERSION_MAJOR,
+                                                     TORCHPATCH_VERSION_MINOR, TORCHPATCH_VERSION_PATCH)));
   CHECK(h.registry.get_patch_mapping().empty());
 }
 

@@ -47,7 +47,7 @@ int cmd_plan(const std::vector<std::string>& argv) {
                         {"origin", r.origin.describe()}, {"patched", r.patched()}});
     }
     auto unmatched = nlohmann::json::array();
-    for (const auto& key : built.unmatched_keys) unmatched.push_back({{"key", key}, {"suggestion", did_you_mean(key)}});
+    for (const auto& u : built.unmatched) unmatched.push_back({{"key", u.key}, {"suggestion", u.suggestion}});
     std::cout << nlohmann::json{{"model", {{"class", model.class_name()}, {"model_type", model.config().model_type},
                                            {"source", built.source}}},
                                 {"patch_points", points},
@@ -82,9 +82,8 @@ int cmd_plan(const std::vector<std::string>& argv) {
   if (built.report) {
     for (const auto& rule : built.report->conversions) std::cout << "checkpoint converted by " << rule << "\n";
   }
-  for (const auto& key : built.unmatched_keys) {
-    const auto hint = did_you_mean(key);
-    std::cout << fmt::format("registered key '{}' matched nothing{}\n", key, hint.empty() ? "" : "; " + hint);
+  for (const auto& u : built.unmatched) {
+    std::cout << fmt::format("registered key '{}' matched nothing{}\n", u.key, u.suggestion.empty() ? "" : "; " + u.suggestion);
   }
   return 0;
 }

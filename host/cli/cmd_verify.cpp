@@ -145,22 +145,16 @@ int cmd_verify(const std::vector<std::string>& argv) {
     }
     original = from_pretrained(weights, options);
   }
-  std::shared_ptr<PretrainedModel> patched;
+  ModelSource patched_source;
+  patched_source.checkpoint = weights;
+  const auto loaded = load_model(patched_source, LoadModelOptions{options, args.flag("strict")});
+  const auto patched = loaded.model;
   std::vector<std::string> replaced;
-  {
-    ApplyPatches scope;
-    patched = from_pretrained(weights, options);
-    if (patched->patch_record().patched()) {  // the whole model replaced (BertModel is a patch point)
-      replaced.push_back(fmt::format("(the model): {} -> {}", patched->patch_record().key, patched->patch_record().class_name));
-    }
-    for (const auto& point : patched->patch_points()) {
-      const auto& record = point.module->patch_record();
-      if (record.patched()) replaced.push_back(fmt::format("{}: {} -> {}", point.path, record.key, record.class_name));
-    }
-    if (args.flag("strict") && !scope.unmatched_keys().empty()) {
-      throw PatchError(fmt::format("--strict: patch key '{}' matched no patch point of {}", scope.unmatched_keys().front(),
-                                   patched->class_name()));
-    }
+  if (patched->patch_record().patched()) {  // the whole model replaced (every model is a patch point)
+    replaced.push_back(fmt::format("(the model): {} -> {}", patched->patch_record().key, patched->patch_record().class_name));
+  }
+  for (const auto& point : loaded.plan) {
+    if (point.record.patched()) replaced.push_back(fmt::format("{}: {} -> {}", point.path, point.record.key, point.record.class_name));
   }
   if (replaced.empty()) {
     throw UsageError(fmt::format("nothing to verify: no patch point of {} is replaced (give --patch KEY=CLASS or "

@@ -80,36 +80,10 @@ PretrainedOptions pretrained_options(const Args& args) {
 BuiltModel build_model(PluginHost& host, const Args& args) {
   apply_patch_args(host, args);
   if (args.has("model") == args.has("preset")) throw UsageError("give exactly one of --model DIR and --preset NAME");
-  const PretrainedOptions options = pretrained_options(args);
-
-  BuiltModel built;
-  ApplyPatches scope;
-  if (args.has("preset")) {
-    built.source = "preset " + args.value("preset");
-    auto config = preset_config(args.value("preset"));
-    if (!options.config_overrides.empty()) {
-      auto raw = config.raw;
-      raw.update(options.config_overrides);
-      config = ModelConfig::from_json(raw, built.source);
-    }
-    built.model = construct_model(config);
-    init_random_weights(*built.model, /*seed=*/0);
-    if (options.dtype) built.model->to(*options.dtype);
-  } else {
-    const std::filesystem::path dir = args.value("model");
-    built.source = dir.string();
-    built.report.emplace();
-    built.model = from_pretrained(dir, options, &*built.report);  // inside `scope`, so it records the matches
-  }
-  built.model->eval();
-  built.unmatched_keys = scope.unmatched_keys();
-  if (args.flag("strict") && !built.unmatched_keys.empty()) {
-    const auto& key = built.unmatched_keys.front();
-    const auto hint = did_you_mean(key);
-    throw PatchError(fmt::format("--strict: patch key '{}' matched no patch point of {}{}", key,
-                                 built.model->class_name(), hint.empty() ? "" : "; " + hint));
-  }
-  return built;
+  ModelSource source;
+  if (args.has("preset")) source.preset = args.value("preset");
+  else source.checkpoint = args.value("model");
+  return load_model(source, LoadModelOptions{pretrained_options(args), args.flag("strict")});
 }
 
 ModelInputs read_model_inputs(const Args& args) {
@@ -143,36 +117,6 @@ void print_load_report(const BuiltModel& built) {
     std::cerr << fmt::format("torchpatch: note: {}: {} tensors of another task's head were not used ({})\n",
                              built.source, built.report->ignored.size(), fmt::join(built.report->ignored, ", "));
   }
-}
-
-namespace {
-std::size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diagonal = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = up;
-    }
-  }
-  return row[b.size()];
-}
-}  // namespace
-
-std::string did_you_mean(const std::string& key) {
-  std::string best;
-  std::size_t best_distance = std::max<std::size_t>(2, key.size() / 3) + 1;
-  for (const auto& [name, cls] : builtin_classes()) {
-    const auto d = edit_distance(key, name);
-    if (d < best_distance) {
-      best = name;
-      best_distance = d;
-    }
-  }
-  return best.empty() ? std::string() : fmt::format("did you mean '{}'?", best);
 }
 
 std::vector<std::string> counter_report(const PretrainedModel& model) {

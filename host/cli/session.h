@@ -10,6 +10,7 @@
 #include "args.h"
 #include "torchpatch/checkpoint/load.h"
 #include "torchpatch/runtime/auto.h"
+#include "torchpatch/runtime/loader.h"
 #include "torchpatch/models/pretrained.h"
 #include "torchpatch/plugin_host.h"
 
@@ -24,13 +25,8 @@ std::vector<OptionSpec> model_options();
 /// optionally warns on stderr about each refused plugin.
 void load_plugins(PluginHost& host, const Args& args, bool warn_refused = true);
 
-/// A model built with the patches in force, and what the patches did.
-struct BuiltModel {
-  std::shared_ptr<PretrainedModel> model;
-  std::string source;                       ///< "preset NAME" or the checkpoint directory
-  std::vector<std::string> unmatched_keys;  ///< registered keys no patch point matched
-  std::optional<checkpoint::LoadReport> report;  ///< how the checkpoint loaded (--model only)
-};
+/// A model built with the patches in force, and what the patches did (runtime/loader.h).
+using BuiltModel = LoadedModel;
 
 /// Registers each --patch KEY=CLASS (a class offered by a loaded plugin) in the global registry.
 void apply_patch_args(PluginHost& host, const Args& args);
@@ -50,8 +46,6 @@ ModelInputs read_model_inputs(const Args& args);
 /// Prints a loading report that is not clean (to stderr), one line per key.
 void print_load_report(const BuiltModel& built);
 
-/// "did you mean 'LlamaAttention'?" for a key close to a known patch point ("" when none is close).
-std::string did_you_mean(const std::string& key);
 
 /// Sum of each patched class's counters over its modules, e.g. "CustomLlamaAttention: calls=6 (2 modules)".
 std::vector<std::string> counter_report(const PretrainedModel& model);

@@ -46,10 +46,6 @@ std::mutex& load_mutex() {
 
 class CollectingRegistrar : public Registrar {
  public:
-  struct Offer {
-    std::vector<std::string> keys;
-    ModuleClass cls;
-  };
   void add_replacement(const std::vector<std::string>& keys, ModuleClass cls) override {
     offers.push_back({keys, std::move(cls)});
   }
@@ -57,8 +53,8 @@ class CollectingRegistrar : public Registrar {
   void add_conversion(const std::string& key, checkpoint::ConversionFactory rules) override {
     conversions.emplace_back(key, std::move(rules));
   }
-  std::vector<Offer> offers;
-  std::vector<std::pair<std::string, checkpoint::ConversionFactory>> conversions;
+  std::vector<RegistrarOffer> offers;
+  std::vector<RegistrarConversion> conversions;
   std::vector<Family> families;
 };
 
@@ -131,6 +127,156 @@ void PluginHost::load_path_list(const std::string& paths) {
   }
 }
 
+// Loading runs in stages; each returns why the plugin is refused, or nothing to go on.
+
+std::optional<std::string> PluginHost::check_file(const fs::path& file) const {
+  struct stat st {};
+  if (::stat(file.c_str(), &st) != 0) return std::string("no such file");
+  if (!S_ISREG(st.st_mode)) return std::string("not a regular file");
+  if (!options_.allow_world_writable && (world_writable(file) || world_writable(file.parent_path()))) {
+    return fmt::format("plugin {} is world-writable; refusing to load it "
+                       "(allow_world_writable / --allow-world-writable overrides)",
+                       world_writable(file) ? "file" : "directory");
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> PluginHost::check_descriptor(const TorchpatchPluginDescriptor* d, PluginRecord& record) const {
+  if (!d) return std::string("descriptor entry point returned null");
+  if (d->abi_version != TORCHPATCH_PLUGIN_ABI_VERSION) {
+    return fmt::format("plugin ABI version {}, but this host speaks version {}; rebuild the plugin against this "
+                       "torchpatch",
+                       d->abi_version, TORCHPATCH_PLUGIN_ABI_VERSION);
+  }
+  if (d->struct_size < sizeof(TorchpatchPluginDescriptor)) {
+    return fmt::format("descriptor is {} bytes, expected at least {}", d->struct_size, sizeof(TorchpatchPluginDescriptor));
+  }
+  record.name = safe_string(d->name);
+  record.version = safe_string(d->version);
+  if (d->torch_major != TORCH_VERSION_MAJOR || d->torch_minor != TORCH_VERSION_MINOR ||
+      d->torch_patch != TORCH_VERSION_PATCH) {
+    return fmt::format("plugin '{}' was built against LibTorch {}.{}.{}, but this host runs LibTorch {}.{}.{}",
+                       record.name, d->torch_major, d->torch_minor, d->torch_patch, TORCH_VERSION_MAJOR,
+                       TORCH_VERSION_MINOR, TORCH_VERSION_PATCH);
+  }
+  if (d->cxx11_abi != _GLIBCXX_USE_CXX11_ABI) {
+    return fmt::format("plugin '{}' was built with _GLIBCXX_USE_CXX11_ABI={}, this host with {}", record.name,
+                       d->cxx11_abi, _GLIBCXX_USE_CXX11_ABI);
+  }
+  const bool compatible = d->torchpatch_major == TORCHPATCH_VERSION_MAJOR &&
+                          (TORCHPATCH_VERSION_MAJOR > 0 || d->torchpatch_minor == TORCHPATCH_VERSION_MINOR);
+  if (!compatible) {
+    return fmt::format("plugin '{}' was built against torchpatch {}.{}.{}, but this host is torchpatch {}.{}.{}; "
+                       "rebuild the plugin against this torchpatch",
+                       record.name, d->torchpatch_major, d->torchpatch_minor, d->torchpatch_patch,
+                       TORCHPATCH_VERSION_MAJOR, TORCHPATCH_VERSION_MINOR, TORCHPATCH_VERSION_PATCH);
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> PluginHost::check_offers(std::vector<RegistrarOffer>& offers, PluginMode mode,
+                                                    const Origin& origin, PatchMapping::Items& items,
+                                                    std::vector<OfferedClass>& offered) const {
+  for (auto& offer : offers) {
+    offer.cls.origin = origin;
+    if (!offer.cls.factory) return fmt::format("class '{}' has no factory", offer.cls.name);
+    if (offer.cls.name.empty()) return std::string("a replacement class has no name");
+    for (const auto& earlier : offered) {
+      if (earlier.name == offer.cls.name) return fmt::format("class '{}' is offered twice", offer.cls.name);
+    }
+    if (auto existing = find_class(offer.cls.name)) {
+      return fmt::format("class '{}' is already offered by {}", offer.cls.name, existing->origin.describe());
+    }
+    for (const auto& key : offer.keys) {
+      const std::string expected = patch_point_role(key);
+      if (!expected.empty() && expected != offer.cls.role) {
+        return fmt::format("class '{}' has role {}, but its key '{}' is a patch point of role {}", offer.cls.name,
+                           offer.cls.role, key, expected);
+      }
+      try {
+        PatchMapping({{key, offer.cls}});  // validates the key as a regular expression in either mode
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      if (mode != PluginMode::DropIn) continue;
+      for (const auto& [other_key, other] : dropin_keys_) {
+        if (other_key != key) continue;
+        const auto& o = records_[other];
+        return fmt::format("key '{}' conflicts: plugin '{}' ({}) and plugin '{}' ({}) both declare it; choose one "
+                           "with --patch {}=CLASS",
+                           key, o.name, o.path.string(), origin.plugin, origin.file, key);
+      }
+      items.emplace_back(key, offer.cls);
+    }
+    offered.push_back({offer.cls.name, offer.cls.role, offer.keys});
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> PluginHost::check_conversions(std::vector<RegistrarConversion>& all, PluginMode mode,
+                                                         const std::vector<OfferedClass>& offered,
+                                                         std::vector<RegistrarConversion>& kept) const {
+  // Conversions keyed by the plugin's own classes apply only where those classes are used; others
+  // (a model type, say) change loading everywhere, so a catalogue plugin does not register them:
+  // that is refused, not dropped, so the plugin's author hears of it.
+  for (auto& [key, rules] : all) {
+    const bool own_class = std::any_of(offered.begin(), offered.end(), [&](const auto& c) { return c.name == key; });
+    if (mode == PluginMode::Catalogue && !own_class) {
+      return fmt::format("conversion rules for '{}', which is not a class of this plugin: a bundled (catalogue) "
+                         "plugin may only convert its own classes' weights",
+                         key);
+    }
+    if (!rules) return fmt::format("conversion rules for '{}' are empty", key);
+    if (auto holder = checkpoint::conversion_mapping_origin(key)) {
+      return fmt::format("conversion mapping for '{}' conflicts: already registered by {}", key, holder->describe());
+    }
+    kept.emplace_back(key, std::move(rules));
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> PluginHost::register_all(const PatchMapping::Items& items,
+                                                    const std::vector<RegistrarConversion>& conversions,
+                                                    std::vector<Family>& families, const Origin& origin,
+                                                    PluginRecord& record) {
+  std::vector<std::string> keys;
+  for (const auto& item : items) keys.push_back(item.first);
+  auto take_back = [&] {
+    for (const auto& key : record.conversions) checkpoint::unregister_checkpoint_conversion_mapping(key);
+    record.conversions.clear();
+    if (!keys.empty()) registry_.unregister_patch_mapping(keys);
+  };
+  if (!items.empty()) {
+    try {
+      registry_.register_patch_mapping(items, /*overwrite=*/false);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+  }
+  for (const auto& [key, rules] : conversions) {
+    try {
+      checkpoint::register_checkpoint_conversion_mapping(key, rules, false, origin);
+    } catch (const Error& e) {  // registered by someone else meanwhile: take back what this plugin added
+      take_back();
+      return std::string(e.what());
+    }
+    record.conversions.push_back(key);
+  }
+  // Families last: they cannot be taken back, so everything else must have gone in first.
+  for (auto& family : families) {
+    family.origin = origin;
+    const std::string model_type = family.model_type;
+    try {
+      global_families().add(std::move(family));
+    } catch (const Error& e) {
+      take_back();
+      return std::string(e.what());
+    }
+    record.families.push_back(model_type);
+  }
+  return std::nullopt;
+}
+
 PluginRecord PluginHost::load_file(const fs::path& file, PluginMode mode) {
   std::lock_guard<std::mutex> lock(load_mutex());
   records_.push_back(PluginRecord{});
@@ -139,15 +285,10 @@ PluginRecord PluginHost::load_file(const fs::path& file, PluginMode mode) {
   record.path = file;
   record.mode = mode;
 
-  // -- the file itself
+  // -- the file itself: a regular file nobody else may write, not one already loaded
+  if (auto refusal = check_file(file)) return refuse(record, *refusal);
   struct stat st {};
-  if (::stat(file.c_str(), &st) != 0) return refuse(record, "no such file");
-  if (!S_ISREG(st.st_mode)) return refuse(record, "not a regular file");
-  if (!options_.allow_world_writable && (world_writable(file) || world_writable(file.parent_path()))) {
-    return refuse(record, fmt::format("plugin {} is world-writable; refusing to load it "
-                                      "(allow_world_writable / --allow-world-writable overrides)",
-                                      world_writable(file) ? "file" : "directory"));
-  }
+  ::stat(file.c_str(), &st);
   for (const auto& loaded : loaded_identities()) {
     if (loaded.device == st.st_dev && loaded.inode == st.st_ino) {
       record.status = PluginRecord::Status::Duplicate;
@@ -170,30 +311,7 @@ PluginRecord PluginHost::load_file(const fs::path& file, PluginMode mode) {
                                       TORCHPATCH_DESCRIPTOR_SYMBOL));
   }
   auto describe = library.get_alias<const TorchpatchPluginDescriptor*()>(TORCHPATCH_DESCRIPTOR_SYMBOL);
-  const TorchpatchPluginDescriptor* d = describe();
-  if (!d) return refuse(record, "descriptor entry point returned null");
-  if (d->abi_version != TORCHPATCH_PLUGIN_ABI_VERSION) {
-    return refuse(record, fmt::format("plugin ABI version {}, but this host speaks version {}; rebuild the "
-                                      "plugin against this torchpatch",
-                                      d->abi_version, TORCHPATCH_PLUGIN_ABI_VERSION));
-  }
-  if (d->struct_size < sizeof(TorchpatchPluginDescriptor)) {
-    return refuse(record, fmt::format("descriptor is {} bytes, expected at least {}", d->struct_size,
-                                      sizeof(TorchpatchPluginDescriptor)));
-  }
-  record.name = safe_string(d->name);
-  record.version = safe_string(d->version);
-  if (d->torch_major != TORCH_VERSION_MAJOR || d->torch_minor != TORCH_VERSION_MINOR ||
-      d->torch_patch != TORCH_VERSION_PATCH) {
-    return refuse(record, fmt::format("plugin '{}' was built against LibTorch {}.{}.{}, but this host runs "
-                                      "LibTorch {}.{}.{}",
-                                      record.name, d->torch_major, d->torch_minor, d->torch_patch,
-                                      TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH));
-  }
-  if (d->cxx11_abi != _GLIBCXX_USE_CXX11_ABI) {
-    return refuse(record, fmt::format("plugin '{}' was built with _GLIBCXX_USE_CXX11_ABI={}, this host with {}",
-                                      record.name, d->cxx11_abi, _GLIBCXX_USE_CXX11_ABI));
-  }
+  if (auto refusal = check_descriptor(describe(), record)) return refuse(record, *refusal);
   for (const auto& loaded : loaded_identities()) {
     if (loaded.name == record.name) {
       record.status = PluginRecord::Status::Duplicate;
@@ -219,90 +337,13 @@ PluginRecord PluginHost::load_file(const fs::path& file, PluginMode mode) {
   const Origin origin{record.name, record.version, file.string()};
   PatchMapping::Items items;
   std::vector<OfferedClass> offered;
-  for (auto& offer : registrar.offers) {
-    offer.cls.origin = origin;
-    if (!offer.cls.factory) return refuse(record, fmt::format("class '{}' has no factory", offer.cls.name));
-    if (offer.cls.name.empty()) return refuse(record, "a replacement class has no name");
-    for (const auto& earlier : offered) {
-      if (earlier.name == offer.cls.name) return refuse(record, fmt::format("class '{}' is offered twice", offer.cls.name));
-    }
-    if (find_class(offer.cls.name)) {
-      const auto existing = find_class(offer.cls.name)->origin;
-      return refuse(record, fmt::format("class '{}' is already offered by {}", offer.cls.name, existing.describe()));
-    }
-    for (const auto& key : offer.keys) {
-      const std::string expected = patch_point_role(key);
-      if (!expected.empty() && expected != offer.cls.role) {
-        return refuse(record, fmt::format("class '{}' has role {}, but its key '{}' is a patch point of role {}",
-                                          offer.cls.name, offer.cls.role, key, expected));
-      }
-      try {
-        PatchMapping({{key, offer.cls}});  // validates the key as a regular expression in either mode
-      } catch (const Error& e) {
-        return refuse(record, e.what());
-      }
-      if (mode == PluginMode::DropIn) {
-        for (const auto& [other_key, other] : dropin_keys_) {
-          if (other_key == key) {
-            const auto& o = records_[other];
-            return refuse(record, fmt::format("key '{}' conflicts: plugin '{}' ({}) and plugin '{}' ({}) both declare "
-                                              "it; choose one with --patch {}=CLASS",
-                                              key, o.name, o.path.string(), record.name, file.string(), key));
-          }
-        }
-        items.emplace_back(key, offer.cls);
-      }
-    }
-    offered.push_back({offer.cls.name, offer.cls.role, offer.keys});
+  std::vector<RegistrarConversion> conversions;
+  if (auto refusal = check_offers(registrar.offers, mode, origin, items, offered)) return refuse(record, *refusal);
+  if (auto refusal = check_conversions(registrar.conversions, mode, offered, conversions)) {
+    return refuse(record, *refusal);
   }
-  // Conversions keyed by the plugin's own classes apply only where those classes are used; others
-  // (a model type, say) change loading everywhere, so a catalogue plugin does not register them.
-  std::vector<std::pair<std::string, checkpoint::ConversionFactory>> conversions;
-  for (auto& [key, rules] : registrar.conversions) {
-    const bool own_class = std::any_of(offered.begin(), offered.end(), [&](const auto& c) { return c.name == key; });
-    if (mode == PluginMode::Catalogue && !own_class) continue;
-    if (!rules) return refuse(record, fmt::format("conversion rules for '{}' are empty", key));
-    if (auto holder = checkpoint::conversion_mapping_origin(key)) {
-      return refuse(record, fmt::format("conversion mapping for '{}' conflicts: already registered by {}", key,
-                                        holder->describe()));
-    }
-    conversions.emplace_back(key, std::move(rules));
-  }
-  if (!items.empty()) {
-    try {
-      registry_.register_patch_mapping(items, /*overwrite=*/false);
-    } catch (const Error& e) {
-      return refuse(record, e.what());
-    }
-  }
-  for (std::size_t i = 0; i < conversions.size(); ++i) {
-    try {
-      checkpoint::register_checkpoint_conversion_mapping(conversions[i].first, conversions[i].second, false, origin);
-    } catch (const Error& e) {  // registered by someone else meanwhile: take back what this plugin added
-      for (std::size_t j = 0; j < i; ++j) checkpoint::unregister_checkpoint_conversion_mapping(conversions[j].first);
-      std::vector<std::string> keys;
-      for (const auto& item : items) keys.push_back(item.first);
-      if (!keys.empty()) registry_.unregister_patch_mapping(keys);
-      return refuse(record, e.what());
-    }
-    record.conversions.push_back(conversions[i].first);
-  }
-
-  // Families last: they cannot be taken back, so everything else must have gone in first.
-  for (auto& family : registrar.families) {
-    family.origin = origin;
-    const std::string model_type = family.model_type;
-    try {
-      global_families().add(std::move(family));
-    } catch (const Error& e) {
-      for (const auto& key : record.conversions) checkpoint::unregister_checkpoint_conversion_mapping(key);
-      record.conversions.clear();
-      std::vector<std::string> keys;
-      for (const auto& item : items) keys.push_back(item.first);
-      if (!keys.empty()) registry_.unregister_patch_mapping(keys);
-      return refuse(record, e.what());
-    }
-    record.families.push_back(model_type);
+  if (auto refusal = register_all(items, conversions, registrar.families, origin, record)) {
+    return refuse(record, *refusal);
   }
 
   // -- accepted

@@ -31,14 +31,17 @@ std::shared_ptr<PretrainedModel> from_config(const ModelConfig& config) {
   return construct_model(config);
 }
 
+ModelConfig with_overrides(const ModelConfig& config, const nlohmann::json& overrides, const std::string& source) {
+  if (overrides.empty()) return config;
+  auto raw = config.raw;
+  raw.update(overrides);
+  return ModelConfig::from_json(raw, source);
+}
+
 std::shared_ptr<PretrainedModel> from_pretrained(const std::filesystem::path& dir, const PretrainedOptions& options,
                                                  checkpoint::LoadReport* report) {
-  auto config = ModelConfig::from_file(dir);
-  if (!options.config_overrides.empty()) {
-    auto raw = config.raw;
-    raw.update(options.config_overrides);
-    config = ModelConfig::from_json(raw, (dir / "config.json").string() + " (with overrides)");
-  }
+  const auto config = with_overrides(ModelConfig::from_file(dir), options.config_overrides,
+                                     (dir / "config.json").string() + " (with overrides)");
   const auto weights = checkpoint::Checkpoint::open(std::filesystem::is_directory(dir) ? dir : dir.parent_path());
   std::shared_ptr<PretrainedModel> model;
   {

@@ -8,8 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "torchpatch/checkpoint/conversion.h"
+#include "torchpatch/models/family.h"
 #include "torchpatch/patching/module_class.h"
 #include "torchpatch/patching/registry.h"
+
+struct TorchpatchPluginDescriptor;  // plugin_descriptor.h
 
 namespace torchpatch {
 
@@ -42,6 +46,13 @@ struct PluginRecord {
   /// "loaded", "refused" or "duplicate".
   const char* status_name() const;
 };
+
+/// What a plugin's register function offered, as the host collects it.
+struct RegistrarOffer {
+  std::vector<std::string> keys;
+  ModuleClass cls;
+};
+using RegistrarConversion = std::pair<std::string, checkpoint::ConversionFactory>;
 
 struct PluginHostOptions {
   /// A refused plugin throws PluginError instead of being skipped.
@@ -81,6 +92,17 @@ class PluginHost {
 
  private:
   PluginRecord& refuse(PluginRecord& record, std::string reason);
+  // The stages of load_file; each returns why the plugin is refused, or nullopt.
+  std::optional<std::string> check_file(const std::filesystem::path& file) const;
+  std::optional<std::string> check_descriptor(const TorchpatchPluginDescriptor* d, PluginRecord& record) const;
+  std::optional<std::string> check_offers(std::vector<RegistrarOffer>& offers, PluginMode mode, const Origin& origin,
+                                          PatchMapping::Items& items, std::vector<OfferedClass>& offered) const;
+  std::optional<std::string> check_conversions(std::vector<RegistrarConversion>& all, PluginMode mode,
+                                               const std::vector<OfferedClass>& offered,
+                                               std::vector<RegistrarConversion>& kept) const;
+  std::optional<std::string> register_all(const PatchMapping::Items& items,
+                                          const std::vector<RegistrarConversion>& conversions,
+                                          std::vector<Family>& families, const Origin& origin, PluginRecord& record);
   void refuse_path(const std::filesystem::path& path, PluginMode mode, std::string reason);
   PluginHostOptions options_;
   PatchRegistry& registry_;

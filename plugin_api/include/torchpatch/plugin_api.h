@@ -36,7 +36,8 @@ using RegisterFn = void (*)(Registrar&);
     static const TorchpatchPluginDescriptor descriptor{                                           \
         TORCHPATCH_PLUGIN_ABI_VERSION, sizeof(TorchpatchPluginDescriptor), NAME, VERSION,         \
         TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH, _GLIBCXX_USE_CXX11_ABI,     \
-        TORCHPATCH_COMPILER_ID};                                                                   \
+        TORCHPATCH_COMPILER_ID,    TORCHPATCH_VERSION_MAJOR, TORCHPATCH_VERSION_MINOR,            \
+        TORCHPATCH_VERSION_PATCH};                                                                 \
     return &descriptor;                                                                            \
   }                                                                                                \
   void torchpatch_register_plugin(::torchpatch::Registrar& registrar) { REGISTER_FN(registrar); } \

@@ -4,6 +4,8 @@
 
 #include <stdint.h>
 
+#include "torchpatch/version.h"
+
 /// Bumped whenever a type that crosses the plugin boundary changes (roles, ModuleClass, Registrar).
 #define TORCHPATCH_PLUGIN_ABI_VERSION 1
 
@@ -23,6 +25,9 @@ struct TorchpatchPluginDescriptor {
   int32_t torch_patch;
   int32_t cxx11_abi;     ///< _GLIBCXX_USE_CXX11_ABI of the plugin's build
   const char* compiler;  ///< compiler id and version, for messages
+  int32_t torchpatch_major;  ///< TORCHPATCH_VERSION_* the plugin was compiled against
+  int32_t torchpatch_minor;
+  int32_t torchpatch_patch;
 };
 
 typedef const TorchpatchPluginDescriptor* (*TorchpatchDescribeFn)();

@@ -34,6 +34,11 @@ struct TORCHPATCH_API PretrainedOptions {
   nlohmann::json config_overrides = nlohmann::json::object();
 };
 
+/// `config` with `overrides` written over its config.json fields, parsed again (so they are checked);
+/// `config` itself when there are none. `source` names it in messages.
+TORCHPATCH_API ModelConfig with_overrides(const ModelConfig& config, const nlohmann::json& overrides,
+                                          const std::string& source);
+
 /// Reads `dir/config.json` and the weights (`model.safetensors` or shards with
 /// `model.safetensors.index.json`), builds with the registered patches applied and loads the weights
 /// through the conversion rules. Throws CheckpointError / ConfigError naming the file and the fault.

@@ -1,0 +1,77 @@
+#include "torchpatch/runtime/loader.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "torchpatch/error.h"
+#include "torchpatch/patching/build.h"
+#include "torchpatch/patching/scope.h"
+
+namespace torchpatch {
+
+namespace {
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::shared_ptr<PretrainedModel> build_preset(const std::string& name, const ModelSource& source,
+                                              const PretrainedOptions& options) {
+  auto config = with_overrides(preset_config(name), options.config_overrides, "preset " + name);
+  auto model = construct_model(config);
+  init_random_weights(*model, source.seed);
+  if (options.dtype) model->to(*options.dtype);
+  return model;
+}
+}  // namespace
+
+std::string did_you_mean(const std::string& key) {
+  std::string best;
+  std::size_t best_distance = std::max<std::size_t>(2, key.size() / 3) + 1;
+  for (const auto& [name, cls] : builtin_classes()) {
+    const auto d = edit_distance(key, name);
+    if (d < best_distance) {
+      best = name;
+      best_distance = d;
+    }
+  }
+  return best.empty() ? std::string() : fmt::format("did you mean '{}'?", best);
+}
+
+LoadedModel load_model(const ModelSource& source, const LoadModelOptions& options) {
+  if (source.checkpoint.has_value() == source.preset.has_value()) {
+    throw InputError("model source: give exactly one of a checkpoint directory and a preset");
+  }
+  LoadedModel loaded;
+  ApplyPatches scope;  // one scope for the whole build, so it records which keys matched
+  if (source.preset) {
+    loaded.source = "preset " + *source.preset;
+    loaded.model = build_preset(*source.preset, source, options.pretrained);
+  } else {
+    loaded.source = source.checkpoint->string();
+    loaded.report.emplace();
+    loaded.model = from_pretrained(*source.checkpoint, options.pretrained, &*loaded.report);
+  }
+  loaded.model->eval();
+  for (const auto& point : loaded.model->patch_points()) loaded.plan.push_back({point.path, point.module->patch_record()});
+  for (const auto& key : scope.unmatched_keys()) loaded.unmatched.push_back({key, did_you_mean(key)});
+  if (options.strict_patches && !loaded.unmatched.empty()) {
+    const auto& first = loaded.unmatched.front();
+    throw PatchError(fmt::format("--strict: patch key '{}' matched no patch point of {}{}", first.key,
+                                 loaded.model->class_name(), first.suggestion.empty() ? "" : "; " + first.suggestion));
+  }
+  return loaded;
+}
+
+}  // namespace torchpatch
