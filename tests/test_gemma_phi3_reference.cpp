@@ -276,3 +276,61 @@ TEST_CASE("gemma2: soft-capped logits, four norms per layer, cached decoding pas
   std::cout << "gemma2 without its window: max abs diff = " << diff << "\n";
   CHECK(diff > 1e-3);
 }
+
+// Phi-3's longrope (hf-semantics 5.9), on a tiny config whose trained length is 8 positions.
+namespace {
+nlohmann::json phi3_longrope_json() {
+  std::vector<double> short_factor(8, 1.0), long_factor;
+  for (int i = 0; i < 8; ++i) long_factor.push_back(1.0 + 0.5 * i);
+  return {{"model_type", "phi3"}, {"architectures", {"Phi3ForCausalLM"}}, {"vocab_size", 256}, {"hidden_size", 64},
+          {"intermediate_size", 128}, {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+          {"max_position_embeddings", 32}, {"original_max_position_embeddings", 8},
+          {"rope_scaling", {{"type", "longrope"}, {"short_factor", short_factor}, {"long_factor", long_factor}}}};
+}
+}  // namespace
+
+TEST_CASE("phi3 longrope: short factors up to the trained length, long ones past it, scaled cos/sin",
+          "[phi3][rope]") {
+  load_bundled_plugins();
+  const auto config = ModelConfig::from_json(phi3_longrope_json());
+  REQUIRE(config.decoder.rope.kind == nn::RopeKind::kLongrope);
+  const nn::RopeOptions options = config.decoder;
+  const auto base = 1.0 / at::pow(10000.0, at::arange(0, 16, 2, at::kFloat) / 16.0);
+  const auto short_freq = nn::rope_frequencies(options, 8), long_freq = nn::rope_frequencies(options, 9);
+  CHECK(testutil::close("longrope short inv_freq", short_freq.inv_freq, base));
+  const auto long_factor = at::tensor(std::vector<float>{1, 1.5, 2, 2.5, 3, 3.5, 4, 4.5});
+  CHECK(testutil::close("longrope long inv_freq", long_freq.inv_freq, base / long_factor));
+  const double expected_scaling = std::sqrt(1 + std::log(32.0 / 8.0) / std::log(8.0));
+  CHECK(std::abs(short_freq.attention_scaling - expected_scaling) < 1e-12);
+  // "su" and "yarn" are older names of the same scaling; other keys are refused.
+  auto su = phi3_longrope_json();
+  su["rope_scaling"]["type"] = "su";
+  CHECK(ModelConfig::from_json(su).decoder.rope.kind == nn::RopeKind::kLongrope);
+  auto extra = phi3_longrope_json();
+  extra["rope_scaling"]["factor"] = 2.0;
+  CHECK_THROWS_WITH(ModelConfig::from_json(extra), Catch::Matchers::Contains("rope_scaling holds 'factor'"));
+}
+
+TEST_CASE("phi3 longrope: generation crossing the trained length recomputes, so every step equals a fresh forward",
+          "[phi3][rope][generate]") {
+  load_bundled_plugins();
+  auto model = from_config(ModelConfig::from_json(phi3_longrope_json()));
+  init_random_weights(*model, 3);
+  model->eval();
+  // 5 prompt tokens and 8 new ones: the sequence passes 8 positions at step 4. The cached keys of the
+  // first 8 positions were rotated with the short factors; a fresh forward over 9 rotates every key
+  // with the long ones. Only dropping the cache there (as Hugging Face does) makes the two agree.
+  GenerationConfig greedy;
+  greedy.max_new_tokens = 8;
+  greedy.output_logits = true;
+  const auto prompt = at::tensor(std::vector<int64_t>{7, 21, 99, 140, 3}, at::kLong).unsqueeze(0);
+  const auto generated = generate(*model, prompt, {}, greedy);
+  REQUIRE(generated.logits.size() == 8);
+  at::NoGradGuard no_grad;
+  for (int64_t step = 0; step < 8; ++step) {
+    ModelInputs in;
+    in.input_ids = generated.sequences.narrow(1, 0, 5 + step);
+    const auto fresh = model->forward(in).logits.select(1, 4 + step);
+    CHECK(testutil::close("phi3 longrope step " + std::to_string(step), generated.logits[step], fresh, {}, 1e-4, 1e-4));
+  }
+}
