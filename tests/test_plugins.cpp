@@ -51,10 +51,12 @@ const fs::path kDerivedFile = scenario("derived_attention") / "testplugin_derive
 constexpr const char* kGoodName = "torchpatch-test-good";
 constexpr const char* kDerivedName = "torchpatch-test-derived-attention";
 
-/// A host with its own registry (never the global one).
+/// A host with its own patch registry (never the global one); families, conversions and the loaded
+/// plugins are the process's.
 struct HostWithRegistry {
-  explicit HostWithRegistry(PluginHostOptions options = {}) : host(options, registry) {}
-  torchpatch::PatchRegistry registry;
+  explicit HostWithRegistry(PluginHostOptions options = {}) : host(options, registries) {}
+  torchpatch::Registries registries = torchpatch::default_registries().with_own_patches();
+  torchpatch::PatchRegistry& registry = registries.patches();
   PluginHost host;
 };
 

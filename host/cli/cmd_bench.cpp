@@ -148,6 +148,65 @@ class NaiveAllExperts : public nn::FusedExperts {
   }
 };
 
+struct BenchRun {
+  int64_t prompt_len, decode_tokens;
+  int repeats;
+};
+
+// The variants beside the model as built: with FusedQKVAttention (when its plugin is there), and for
+// MoE models the eager experts, SequentialExperts and a naive all-experts loop. Each is built afresh;
+// `built` is released first so one model is in memory at a time.
+void measure_variants(PluginHost& host, BuiltModel& built, const Args& args, const std::vector<OptionSpec>& specs,
+                      const std::vector<std::string>& forwarded, const BenchRun& run, std::vector<Measurement>& results) {
+  const auto fused = host.find_class("FusedQKVAttention");
+  const auto key = key_of(*built.model, "self_attn");
+  const auto experts_key = key_of(*built.model, "mlp.experts");
+  if (fused && !args.flag("no-fused") && !args.has("patch") && !key.empty()) {
+    built.model.reset();  // one model in memory at a time
+    ScopedPatchMapping patch({{key, *fused}}, false, host.registries().patches());
+    BuiltModel patched = build_model(host, Args(specs, forwarded));
+    results.push_back(measure("FusedQKVAttention", *patched.model, run.prompt_len, run.decode_tokens, run.repeats));
+  }
+  if (!experts_key.empty() && !args.has("patch") && !args.has("experts")) {
+    built.model.reset();
+    auto eager_argv = forwarded;
+    eager_argv.insert(eager_argv.end(), {"--experts", "eager"});
+    results.push_back(measure("eager experts", *build_model(host, Args(specs, eager_argv)).model, run.prompt_len,
+                              run.decode_tokens, run.repeats));
+    if (const auto sequential = host.find_class("SequentialExperts")) {
+      ScopedPatchMapping patch({{experts_key, *sequential}}, false, host.registries().patches());
+      results.push_back(measure("SequentialExperts", *build_model(host, Args(specs, forwarded)).model, run.prompt_len, run.decode_tokens,
+                                run.repeats));
+    }
+    ScopedPatchMapping naive({{experts_key, module_class<NaiveAllExperts>("NaiveAllExperts")}}, false,
+                             host.registries().patches());
+    results.push_back(measure("naive: all experts, all tokens", *build_model(host, Args(specs, forwarded)).model, run.prompt_len,
+                              run.decode_tokens, run.repeats));
+  }
+}
+
+void print_report(const nlohmann::json& report) {
+  std::cout << fmt::format("machine: copy bandwidth {:.2f} GB/s (memcpy of 256 MiB, read + written), float32 matmul "
+                           "{:.1f} GFLOP/s (1024x1024x1024), {} thread(s)\n",
+                           report["copy_bandwidth_bytes_per_second"].get<double>() / 1e9,
+                           report["matmul_flops_per_second"].get<double>() / 1e9, report["threads"].get<int>());
+  std::cout << fmt::format("model: {} ({:.1f}M parameters), {:.1f} MB of weights read per decoded token, "
+                           "decode limit {:.1f} tokens/s; prefill of {} tokens = {:.2f} GFLOP\n",
+                           report["model"].get<std::string>(), report["parameters"].get<double>() / 1e6,
+                           report["weight_bytes_per_token"].get<double>() / 1e6,
+                           report["decode_limit_tokens_per_second"].get<double>(), report["prompt_len"].get<int64_t>(),
+                           report["prefill_flops"].get<double>() / 1e9);
+  std::cout << fmt::format("{:<32} {:>14} {:>12} {:>16} {:>10} {:>12}\n", "variant", "decode tok/s", "of limit",
+                           "prefill tok/s", "GFLOP/s", "of matmul");
+  for (const auto& r : report["results"]) {
+    std::cout << fmt::format("{:<32} {:>14.1f} {:>12.2f} {:>16.1f} {:>10.1f} {:>12.2f}\n",
+                             r["variant"].get<std::string>(), r["decode_tokens_per_second"].get<double>(),
+                             r["decode_fraction_of_bandwidth_limit"].get<double>(),
+                             r["prefill_tokens_per_second"].get<double>(), r["prefill_gflops"].get<double>(),
+                             r["prefill_fraction_of_matmul_rate"].get<double>());
+  }
+}
+
 }  // namespace
 
 int cmd_bench(const std::vector<std::string>& argv) {
@@ -175,18 +234,18 @@ int cmd_bench(const std::vector<std::string>& argv) {
   if (!args.has("model") && !args.has("preset")) forwarded.insert(forwarded.end(), {"--preset", "llama-125m"});
   const Args model_args(specs, forwarded);
 
-  PluginHost host(PluginHostOptions{args.flag("strict"), args.flag("allow-world-writable")});
-  load_plugins(host, model_args);
+  const auto host = open_plugin_host(model_args);
   const double bandwidth = copy_bandwidth(repeats);
   const double matmul = matmul_rate(repeats);
 
-  BuiltModel built = build_model(host, model_args);
+  BuiltModel built = build_model(*host, model_args);
   at::NoGradGuard no_grad;
   const double bytes = weight_bytes_per_token(*built.model);
   const double flops = prefill_flops(*built.model, prompt_len);
   int64_t parameters = 0;
   for (const auto& p : built.model->parameters()) parameters += p.numel();
 
+  const BenchRun run{prompt_len, decode_tokens, repeats};
   std::vector<Measurement> results{measure(args.has("patch") ? "as patched" : "built-in", *built.model, prompt_len,
                                            decode_tokens, repeats)};
   if (!args.flag("no-blas")) {
@@ -195,30 +254,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
     results.push_back(measure(results[0].variant + ", BLAS sgemv", *built.model, prompt_len, decode_tokens, repeats));
     nn::set_decode_kernel(previous);
   }
-  const auto fused = host.find_class("FusedQKVAttention");
-  const auto key = key_of(*built.model, "self_attn");
-  const auto experts_key = key_of(*built.model, "mlp.experts");
-  if (fused && !args.flag("no-fused") && !args.has("patch") && !key.empty()) {
-    built.model.reset();  // one model in memory at a time
-    ScopedPatchMapping patch({{key, *fused}});
-    BuiltModel patched = build_model(host, model_args);
-    results.push_back(measure("FusedQKVAttention", *patched.model, prompt_len, decode_tokens, repeats));
-  }
-  if (!experts_key.empty() && !args.has("patch") && !args.has("experts")) {
-    built.model.reset();
-    auto eager_argv = forwarded;
-    eager_argv.insert(eager_argv.end(), {"--experts", "eager"});
-    results.push_back(measure("eager experts", *build_model(host, Args(specs, eager_argv)).model, prompt_len,
-                              decode_tokens, repeats));
-    if (const auto sequential = host.find_class("SequentialExperts")) {
-      ScopedPatchMapping patch({{experts_key, *sequential}});
-      results.push_back(measure("SequentialExperts", *build_model(host, model_args).model, prompt_len, decode_tokens,
-                                repeats));
-    }
-    ScopedPatchMapping naive({{experts_key, module_class<NaiveAllExperts>("NaiveAllExperts")}});
-    results.push_back(measure("naive: all experts, all tokens", *build_model(host, model_args).model, prompt_len,
-                              decode_tokens, repeats));
-  }
+  measure_variants(*host, built, args, specs, forwarded, run, results);
 
   const double limit = bandwidth / bytes;  // tokens/s if decoding only streamed the weights
   auto rows = nlohmann::json::array();
@@ -240,27 +276,13 @@ int cmd_bench(const std::vector<std::string>& argv) {
                               {"copy_bandwidth_bytes_per_second", bandwidth},
                               {"matmul_flops_per_second", matmul},
                               {"decode_limit_tokens_per_second", limit},
+                              {"prefill_flops", flops},
                               {"results", rows}};
   if (args.flag("json")) {
     std::cout << report.dump(2) << "\n";
     return 0;
   }
-  std::cout << fmt::format("machine: copy bandwidth {:.2f} GB/s (memcpy of 256 MiB, read + written), float32 matmul "
-                           "{:.1f} GFLOP/s (1024x1024x1024), {} thread(s)\n",
-                           bandwidth / 1e9, matmul / 1e9, at::get_num_threads());
-  std::cout << fmt::format("model: {} ({:.1f}M parameters), {:.1f} MB of weights read per decoded token, "
-                           "decode limit {:.1f} tokens/s; prefill of {} tokens = {:.2f} GFLOP\n",
-                           built.source, static_cast<double>(parameters) / 1e6, bytes / 1e6, limit, prompt_len,
-                           flops / 1e9);
-  std::cout << fmt::format("{:<32} {:>14} {:>12} {:>16} {:>10} {:>12}\n", "variant", "decode tok/s", "of limit",
-                           "prefill tok/s", "GFLOP/s", "of matmul");
-  for (const auto& r : rows) {
-    std::cout << fmt::format("{:<32} {:>14.1f} {:>12.2f} {:>16.1f} {:>10.1f} {:>12.2f}\n",
-                             r["variant"].get<std::string>(), r["decode_tokens_per_second"].get<double>(),
-                             r["decode_fraction_of_bandwidth_limit"].get<double>(),
-                             r["prefill_tokens_per_second"].get<double>(), r["prefill_gflops"].get<double>(),
-                             r["prefill_fraction_of_matmul_rate"].get<double>());
-  }
+  print_report(report);
   return 0;
 }
 

@@ -12,6 +12,7 @@
 #include "session.h"
 #include "torchpatch/checkpoint/safetensors.h"
 #include "torchpatch/error.h"
+#include "torchpatch/json_file.h"
 #include "torchpatch/generation/generate.h"
 
 namespace torchpatch::cli {
@@ -38,14 +39,8 @@ void read_special_tokens(const Args& args, const DecoderConfig& model, Generatio
   if (model.pad_token_id) pad = {*model.pad_token_id};
   if (args.has("model")) {
     const auto file = std::filesystem::path(args.value("model")) / "generation_config.json";
-    std::ifstream in(file);
-    if (in) {
-      nlohmann::json j;
-      try {
-        in >> j;
-      } catch (const nlohmann::json::exception& e) {
-        throw ConfigError(fmt::format("{}: not valid JSON: {}", file.string(), e.what()));
-      }
+    if (path_exists(file)) {
+      const auto j = read_json_file(file, [](const std::string& message) { throw ConfigError(message); });
       if (auto ids = token_ids(j, "eos_token_id", file.string()); !ids.empty()) eos = ids;
       if (auto ids = token_ids(j, "pad_token_id", file.string()); !ids.empty()) pad = ids;
     }
@@ -115,9 +110,8 @@ int cmd_generate(const std::vector<std::string>& argv) {
   // position_ids in an inputs file are not used: generation derives them from attention_mask.
   const ModelInputs inputs = read_model_inputs(args);
 
-  PluginHost host(PluginHostOptions{args.flag("strict"), args.flag("allow-world-writable")});
-  load_plugins(host, args);
-  const BuiltModel built = build_model(host, args);
+  const auto host = open_plugin_host(args);
+  const BuiltModel built = build_model(*host, args);
   if (!args.flag("json")) print_load_report(built);
 
   auto config = read_generation_config(args, built.model->config().decoder);

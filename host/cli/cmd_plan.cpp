@@ -33,9 +33,8 @@ int cmd_plan(const std::vector<std::string>& argv) {
                        specs);
     return 0;
   }
-  PluginHost host(PluginHostOptions{args.flag("strict"), args.flag("allow-world-writable")});
-  load_plugins(host, args);
-  const BuiltModel built = build_model(host, args);
+  const auto host = open_plugin_host(args);
+  const BuiltModel built = build_model(*host, args);
   const auto& model = *built.model;
   if (!args.flag("json")) print_load_report(built);
 

@@ -19,12 +19,11 @@ int cmd_plugins(const std::vector<std::string>& argv) {
                        specs);
     return 0;
   }
-  PluginHost host(PluginHostOptions{args.flag("strict"), args.flag("allow-world-writable")});
-  load_plugins(host, args, /*warn_refused=*/false);
+  const auto host = open_plugin_host(args, /*warn_refused=*/false);
 
   if (args.flag("json")) {
     auto list = nlohmann::json::array();
-    for (const auto& p : host.plugins()) {
+    for (const auto& p : host->plugins()) {
       auto classes = nlohmann::json::array();
       for (const auto& c : p.classes) classes.push_back({{"name", c.name}, {"role", c.role}, {"keys", c.keys}});
       list.push_back({{"path", p.path.string()},
@@ -39,7 +38,7 @@ int cmd_plugins(const std::vector<std::string>& argv) {
     }
     // Every family that can be built, built in or from a plugin.
     auto families = nlohmann::json::array();
-    for (const auto& family : global_families().all()) {
+    for (const auto& family : host->registries().families().all()) {
       std::vector<std::string> classes;
       for (const auto& [name, factory] : family->model_classes) classes.push_back(name);
       families.push_back({{"model_type", family->model_type}, {"origin", family->origin.describe()}, {"classes", classes}});
@@ -47,8 +46,8 @@ int cmd_plugins(const std::vector<std::string>& argv) {
     std::cout << nlohmann::json{{"plugins", list}, {"families", families}}.dump(2) << "\n";
     return 0;
   }
-  if (host.plugins().empty()) std::cout << "no plugins found\n";
-  for (const auto& p : host.plugins()) {
+  if (host->plugins().empty()) std::cout << "no plugins found\n";
+  for (const auto& p : host->plugins()) {
     std::cout << fmt::format("{:<9} {} {}  [{}]  {}\n", p.status_name(), p.name.empty() ? "?" : p.name, p.version,
                              p.mode == PluginMode::DropIn ? "drop-in" : "bundled", p.path.string());
     for (const auto& c : p.classes) {

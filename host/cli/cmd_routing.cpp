@@ -46,9 +46,8 @@ int record(const std::vector<std::string>& argv) {
   if (!args.has("prompt-ids")) throw UsageError("--prompt-ids is required");
   if (!args.has("out")) throw UsageError("--out FILE is required");
   const auto ids = at::tensor(parse_int_list(args.value("prompt-ids"), "--prompt-ids"), at::kLong).unsqueeze(0);
-  PluginHost host(PluginHostOptions{args.flag("strict"), args.flag("allow-world-writable")});
-  load_plugins(host, args);
-  const BuiltModel built = build_model(host, args);
+  const auto host = open_plugin_host(args);
+  const BuiltModel built = build_model(*host, args);
   require_moe(*built.model);
 
   GenerationConfig config;
@@ -93,18 +92,17 @@ int replay(const std::vector<std::string>& argv) {
                           : ids;
   const auto routes = routes_from_array(load_npy(args.value("routes")));
 
-  PluginHost host(PluginHostOptions{args.flag("strict"), args.flag("allow-world-writable")});
-  load_plugins(host, args);
+  const auto host = open_plugin_host(args);
   // Replay needs replayable routers: take the bundled plugin's unless --patch chose a router already.
   std::optional<ScopedPatchMapping> replayable;
   if (!args.has("patch")) {
     PatchMapping::Items items;
     for (const char* key : {"Qwen2MoeTopKRouter", "Qwen3MoeTopKRouter"}) {
-      if (auto cls = host.find_class(std::string("Replayable") + key)) items.emplace_back(key, *cls);
+      if (auto cls = host->find_class(std::string("Replayable") + key)) items.emplace_back(key, *cls);
     }
-    if (!items.empty()) replayable.emplace(items, /*overwrite=*/true);
+    if (!items.empty()) replayable.emplace(items, /*overwrite=*/true, host->registries().patches());
   }
-  const BuiltModel built = build_model(host, args);
+  const BuiltModel built = build_model(*host, args);
   require_moe(*built.model);
   built.model->train();
 

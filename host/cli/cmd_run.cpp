@@ -12,6 +12,81 @@
 
 namespace torchpatch::cli {
 
+namespace {
+
+// What the model produced, for --output: logits with a language-model head, the encoder's outputs
+// always, hidden states and captured router outputs when asked. Captures are named by decoder layer
+// index, as the reference cases name them (dense layers have none).
+std::vector<std::pair<std::string, at::Tensor>> output_tensors(const PretrainedModel& model, const ModelInputs& inputs,
+                                                               const ModelOutput& out) {
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  if (out.logits.defined()) tensors.emplace_back("logits", out.logits.contiguous());
+  tensors.emplace_back("last_hidden_state", out.last_hidden_state.contiguous());
+  if (out.pooler_output.defined()) tensors.emplace_back("pooler_output", out.pooler_output.contiguous());
+  if (inputs.output_hidden_states) tensors.emplace_back("hidden_states", at::stack(out.hidden_states).contiguous());
+  std::vector<int64_t> sparse_layers;
+  const auto& d = model.config().decoder;
+  for (int64_t i = 0; i < d.num_hidden_layers; ++i) {
+    if (d.moe.is_sparse_layer(i)) sparse_layers.push_back(i);
+  }
+  for (const auto& name : inputs.outputs) {
+    const auto& per_layer = out.captured.at(name);
+    for (size_t i = 0; i < per_layer.size() && i < sparse_layers.size(); ++i) {
+      tensors.emplace_back(fmt::format("{}_layer{}", name, sparse_layers[i]), per_layer[i].contiguous());
+    }
+  }
+  return tensors;
+}
+
+// Each row's `top` most likely next tokens at its last real position.
+nlohmann::json next_token_rows(const ModelInputs& inputs, const ModelOutput& out, int64_t top) {
+  const int64_t len = out.logits.size(1);
+  top = std::min(top, out.logits.size(2));
+  auto rows = nlohmann::json::array();
+  for (int64_t b = 0; b < out.logits.size(0); ++b) {
+    int64_t last = len - 1;
+    if (inputs.attention_mask.defined()) {
+      const auto real = inputs.attention_mask[b].nonzero();
+      if (real.size(0) > 0) last = real[real.size(0) - 1][0].item<int64_t>();
+    }
+    const auto best = out.logits[b][last].topk(top);
+    auto tops = nlohmann::json::array();
+    for (int64_t k = 0; k < top; ++k) {
+      tops.push_back({{"id", std::get<1>(best)[k].item<int64_t>()}, {"logit", std::get<0>(best)[k].item<double>()}});
+    }
+    rows.push_back({{"row", b}, {"position", last}, {"top", tops}});
+  }
+  return rows;
+}
+
+nlohmann::json output_shapes(const ModelOutput& out) {
+  auto shapes = nlohmann::json::object();
+  for (const auto& [name, tensor] : {std::pair<std::string, at::Tensor>{"logits", out.logits},
+                                     {"last_hidden_state", out.last_hidden_state}, {"pooler_output", out.pooler_output}}) {
+    if (tensor.defined()) shapes[name] = tensor.sizes().vec();
+  }
+  return shapes;
+}
+
+void print_text(const BuiltModel& built, const nlohmann::json& rows, const nlohmann::json& shapes, bool causal,
+                const std::vector<std::string>& counters) {
+  std::cout << fmt::format("{} ({})\n", built.model->class_name(), built.source);
+  if (!causal) {
+    for (const auto& [name, shape] : shapes.items()) {
+      std::cout << fmt::format("{} [{}]\n", name, fmt::join(shape.get<std::vector<int64_t>>(), ", "));
+    }
+  }
+  for (const auto& row : rows) {
+    std::vector<std::string> parts;
+    for (const auto& t : row["top"]) parts.push_back(fmt::format("{} ({:.4f})", t["id"].get<int64_t>(), t["logit"].get<double>()));
+    std::cout << fmt::format("row {} next tokens at position {}: {}\n", row["row"].get<int64_t>(),
+                             row["position"].get<int64_t>(), fmt::join(parts, ", "));
+  }
+  for (const auto& line : counters) std::cout << line << "\n";
+}
+
+}  // namespace
+
 int cmd_run(const std::vector<std::string>& argv) {
   auto specs = model_options();
   specs.insert(specs.begin() + 3,
@@ -44,9 +119,8 @@ int cmd_run(const std::vector<std::string>& argv) {
   inputs.output_hidden_states = args.flag("hidden-states");
   const std::vector<std::string> routing{"router_logits", "selected_experts", "routing_weights"};
 
-  PluginHost host(PluginHostOptions{args.flag("strict"), args.flag("allow-world-writable")});
-  load_plugins(host, args);
-  const BuiltModel built = build_model(host, args);
+  const auto host = open_plugin_host(args);
+  const BuiltModel built = build_model(*host, args);
   if (!args.flag("json")) print_load_report(built);
 
   if (args.flag("router-outputs")) {
@@ -58,55 +132,15 @@ int cmd_run(const std::vector<std::string>& argv) {
   at::NoGradGuard no_grad;
   const ModelOutput out = built.model->forward(inputs);
 
-  if (args.has("output")) {
-    // What the model produced: logits with a language-model head, the encoder's outputs always.
-    std::vector<std::pair<std::string, at::Tensor>> tensors;
-    if (out.logits.defined()) tensors.emplace_back("logits", out.logits.contiguous());
-    tensors.emplace_back("last_hidden_state", out.last_hidden_state.contiguous());
-    if (out.pooler_output.defined()) tensors.emplace_back("pooler_output", out.pooler_output.contiguous());
-    if (args.flag("hidden-states")) tensors.emplace_back("hidden_states", at::stack(out.hidden_states).contiguous());
-    // Named by decoder layer index, as the reference cases name them (dense layers have none).
-    std::vector<int64_t> sparse_layers;
-    const auto& d = built.model->config().decoder;
-    for (int64_t i = 0; i < d.num_hidden_layers; ++i) {
-      if (d.moe.is_sparse_layer(i)) sparse_layers.push_back(i);
-    }
-    for (const auto& name : inputs.outputs) {
-      const auto& per_layer = out.captured.at(name);
-      for (size_t i = 0; i < per_layer.size() && i < sparse_layers.size(); ++i) {
-        tensors.emplace_back(fmt::format("{}_layer{}", name, sparse_layers[i]), per_layer[i].contiguous());
-      }
-    }
-    checkpoint::save_safetensors(args.value("output"), tensors);
-  }
+  if (args.has("output")) checkpoint::save_safetensors(args.value("output"), output_tensors(*built.model, inputs, out));
 
   // A causal LM predicts each row's next token at its last real position; other models (BERT) show
   // the shapes of what they produced.
   const auto& cls = built.model->class_name();
   const bool causal = out.logits.defined() && cls.size() > 11 && cls.compare(cls.size() - 11, 11, "ForCausalLM") == 0;
-  const int64_t batch = causal ? out.logits.size(0) : 0, len = out.last_hidden_state.size(1);
-  if (causal) top = std::min(top, out.logits.size(2));
-  auto shapes = nlohmann::json::object();
-  for (const auto& [name, tensor] : {std::pair<std::string, at::Tensor>{"logits", out.logits},
-                                     {"last_hidden_state", out.last_hidden_state}, {"pooler_output", out.pooler_output}}) {
-    if (tensor.defined()) shapes[name] = tensor.sizes().vec();
-  }
-  auto rows = nlohmann::json::array();
-  for (int64_t b = 0; b < batch; ++b) {
-    int64_t last = len - 1;
-    if (inputs.attention_mask.defined()) {
-      const auto real = inputs.attention_mask[b].nonzero();
-      if (real.size(0) > 0) last = real[real.size(0) - 1][0].item<int64_t>();
-    }
-    const auto best = out.logits[b][last].topk(top);
-    auto tops = nlohmann::json::array();
-    for (int64_t k = 0; k < top; ++k) {
-      tops.push_back({{"id", std::get<1>(best)[k].item<int64_t>()}, {"logit", std::get<0>(best)[k].item<double>()}});
-    }
-    rows.push_back({{"row", b}, {"position", last}, {"top", tops}});
-  }
+  const auto rows = causal ? next_token_rows(inputs, out, top) : nlohmann::json::array();
+  const auto shapes = output_shapes(out);
   const auto counters = counter_report(*built.model);
-
   if (args.flag("json")) {
     std::cout << nlohmann::json{{"model", built.model->class_name()}, {"source", built.source}, {"rows", rows},
                                 {"shapes", shapes},
@@ -116,19 +150,7 @@ int cmd_run(const std::vector<std::string>& argv) {
               << "\n";
     return 0;
   }
-  std::cout << fmt::format("{} ({})\n", built.model->class_name(), built.source);
-  if (!causal) {
-    for (const auto& [name, shape] : shapes.items()) {
-      std::cout << fmt::format("{} [{}]\n", name, fmt::join(shape.get<std::vector<int64_t>>(), ", "));
-    }
-  }
-  for (const auto& row : rows) {
-    std::vector<std::string> parts;
-    for (const auto& t : row["top"]) parts.push_back(fmt::format("{} ({:.4f})", t["id"].get<int64_t>(), t["logit"].get<double>()));
-    std::cout << fmt::format("row {} next tokens at position {}: {}\n", row["row"].get<int64_t>(),
-                             row["position"].get<int64_t>(), fmt::join(parts, ", "));
-  }
-  for (const auto& line : counters) std::cout << line << "\n";
+  print_text(built, rows, shapes, causal, counters);
   if (args.has("output")) std::cout << "wrote " << args.value("output") << "\n";
   return 0;
 }

@@ -27,10 +27,10 @@ int cmd_save(const std::vector<std::string>& argv) {
     if (n.size() != 1 || n[0] <= 0) throw UsageError("--max-shard-bytes: expected one positive integer");
     options.max_shard_bytes = n[0];
   }
-  PluginHost host(PluginHostOptions{args.flag("strict"), args.flag("allow-world-writable")});
-  load_plugins(host, args);
-  const BuiltModel built = build_model(host, args);
+  const auto host = open_plugin_host(args);
+  const BuiltModel built = build_model(*host, args);
   print_load_report(built);
+  options.conversions = &host->registries().conversions();
   checkpoint::save_pretrained(*built.model, args.value("out"), options);
   std::cout << fmt::format("saved {} ({}) to {}\n", built.model->class_name(), built.source, args.value("out"));
   return 0;

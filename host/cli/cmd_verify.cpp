@@ -126,21 +126,22 @@ int cmd_verify(const std::vector<std::string>& argv) {
   if (args.has("model") == args.has("preset")) throw UsageError("give exactly one of --model DIR and --preset NAME");
   if (args.has("prompt-ids") && args.has("inputs")) throw UsageError("give at most one of --prompt-ids and --inputs");
 
-  PluginHost host(PluginHostOptions{args.flag("strict"), args.flag("allow-world-writable")});
-  load_plugins(host, args);
-  apply_patch_args(host, args);
-  const PretrainedOptions options = pretrained_options(args);
+  const auto host = open_plugin_host(args);
+  apply_patch_args(*host, args);
+  const PretrainedOptions options = pretrained_options(args, *host);
 
   // The original, built with no patch at all; a preset is saved so both load the same tensors.
   TempDir temp;
   fs::path weights = args.value("model");
   std::shared_ptr<PretrainedModel> original;
   {
-    ApplyPatches none{PatchMapping()};
+    ApplyPatches none(PatchMapping(), options.registries.patch_tables());
     if (args.has("preset")) {
-      auto model = construct_model(preset_config(args.value("preset")));
-      init_random_weights(*model, /*seed=*/0);
-      checkpoint::save_pretrained(*model, temp.path);
+      auto as_built = options;
+      as_built.dtype.reset();  // saved in float32; both models then load it in --dtype
+      checkpoint::SaveOptions save;
+      save.conversions = &options.registries.conversions();
+      checkpoint::save_pretrained(*preset_model(args.value("preset"), /*seed=*/0, as_built), temp.path, save);
       weights = temp.path;
     }
     original = from_pretrained(weights, options);

@@ -37,6 +37,12 @@ std::vector<OptionSpec> model_options() {
   return specs;
 }
 
+std::unique_ptr<PluginHost> open_plugin_host(const Args& args, bool warn_refused) {
+  auto host = std::make_unique<PluginHost>(PluginHostOptions{args.flag("strict"), args.flag("allow-world-writable")});
+  load_plugins(*host, args, warn_refused);
+  return host;
+}
+
 void load_plugins(PluginHost& host, const Args& args, bool warn_refused) {
   const auto bundled = bundled_plugin_dir();
   std::error_code ec;
@@ -59,8 +65,9 @@ void apply_patch_args(PluginHost& host, const Args& args) {
   }
 }
 
-PretrainedOptions pretrained_options(const Args& args) {
+PretrainedOptions pretrained_options(const Args& args, const PluginHost& host) {
   PretrainedOptions options;
+  options.registries = host.registries();
   if (args.has("dtype")) {
     const auto name = args.value("dtype");
     if (name == "float32") options.dtype = at::kFloat;
@@ -83,7 +90,7 @@ BuiltModel build_model(PluginHost& host, const Args& args) {
   ModelSource source;
   if (args.has("preset")) source.preset = args.value("preset");
   else source.checkpoint = args.value("model");
-  return load_model(source, LoadModelOptions{pretrained_options(args), args.flag("strict")});
+  return load_model(source, LoadModelOptions{pretrained_options(args, host), args.flag("strict")});
 }
 
 ModelInputs read_model_inputs(const Args& args) {

@@ -25,14 +25,17 @@ std::vector<OptionSpec> model_options();
 /// optionally warns on stderr about each refused plugin.
 void load_plugins(PluginHost& host, const Args& args, bool warn_refused = true);
 
+/// A command's plugin host (--strict, --allow-world-writable) with its plugins loaded as load_plugins does.
+std::unique_ptr<PluginHost> open_plugin_host(const Args& args, bool warn_refused = true);
+
 /// A model built with the patches in force, and what the patches did (runtime/loader.h).
 using BuiltModel = LoadedModel;
 
 /// Registers each --patch KEY=CLASS (a class offered by a loaded plugin) in the global registry.
 void apply_patch_args(PluginHost& host, const Args& args);
 
-/// How --dtype, --experts and --allow-incomplete ask a checkpoint to load.
-PretrainedOptions pretrained_options(const Args& args);
+/// How --dtype, --experts and --allow-incomplete ask a checkpoint to load, with `host`'s registries.
+PretrainedOptions pretrained_options(const Args& args, const PluginHost& host);
 
 /// Applies --patch KEY=CLASS, then builds --model DIR (with its weights) or --preset NAME (seed 0),
 /// in --dtype; --allow-incomplete loads a checkpoint that does not fit and reports it.

@@ -28,16 +28,22 @@ std::vector<boost::dll::shared_library>& loaded_libraries() {
   return *libraries;
 }
 
-// Identity of loaded files (device, inode) and names, process-wide: one load per file and name.
+// Identity of loaded files (device, inode) and names: one load per file and name into each family
+// registry (registries of their own get their own registrations from the same library; handles that
+// share families, as with_own_patches() does, share the loaded plugins too).
 struct LoadedIdentity {
   dev_t device;
   ino_t inode;
   std::string name;
   std::string path;
 };
-std::vector<LoadedIdentity>& loaded_identities() {
-  static auto* identities = new std::vector<LoadedIdentity>();
-  return *identities;
+std::vector<LoadedIdentity>& loaded_identities(const Registries& registries) {
+  // Holding the handles keeps registries that plugin code went into alive as long as the libraries.
+  static auto* identities = new std::vector<std::pair<Registries, std::vector<LoadedIdentity>>>();
+  for (auto& [held, list] : *identities) {
+    if (&held.families() == &registries.families()) return list;
+  }
+  return identities->emplace_back(registries, std::vector<LoadedIdentity>()).second;
 }
 std::mutex& load_mutex() {
   static std::mutex mutex;
@@ -46,7 +52,7 @@ std::mutex& load_mutex() {
 
 class CollectingRegistrar : public Registrar {
  public:
-  void add_replacement(const std::vector<std::string>& keys, ModuleClass cls) override {
+  void add_replacement(ModuleClass cls, const std::vector<std::string>& keys) override {
     offers.push_back({keys, std::move(cls)});
   }
   void add_family(Family family) override { families.push_back(std::move(family)); }
@@ -77,8 +83,8 @@ const char* PluginRecord::status_name() const {
   return "?";
 }
 
-PluginHost::PluginHost(PluginHostOptions options, PatchRegistry& registry)
-    : options_(options), registry_(registry) {}
+PluginHost::PluginHost(PluginHostOptions options, Registries registries)
+    : options_(options), registries_(std::move(registries)) {}
 
 PluginHost::~PluginHost() = default;
 
@@ -129,8 +135,7 @@ void PluginHost::load_path_list(const std::string& paths) {
 
 // Loading runs in stages; each returns why the plugin is refused, or nothing to go on.
 
-std::optional<std::string> PluginHost::check_file(const fs::path& file) const {
-  struct stat st {};
+std::optional<std::string> PluginHost::check_file(const fs::path& file, struct ::stat& st) const {
   if (::stat(file.c_str(), &st) != 0) return std::string("no such file");
   if (!S_ISREG(st.st_mode)) return std::string("not a regular file");
   if (!options_.allow_world_writable && (world_writable(file) || world_writable(file.parent_path()))) {
@@ -188,13 +193,13 @@ std::optional<std::string> PluginHost::check_offers(std::vector<RegistrarOffer>&
       return fmt::format("class '{}' is already offered by {}", offer.cls.name, existing->origin.describe());
     }
     for (const auto& key : offer.keys) {
-      const std::string expected = patch_point_role(key);
+      const std::string expected = registries_.classes().role_of(key);
       if (!expected.empty() && expected != offer.cls.role) {
         return fmt::format("class '{}' has role {}, but its key '{}' is a patch point of role {}", offer.cls.name,
                            offer.cls.role, key, expected);
       }
       try {
-        PatchMapping({{key, offer.cls}});  // validates the key as a regular expression in either mode
+        PatchMapping({{key, offer.cls}}, false, &registries_.classes());  // validates the key as a regular expression in either mode
       } catch (const Error& e) {
         return std::string(e.what());
       }
@@ -227,7 +232,7 @@ std::optional<std::string> PluginHost::check_conversions(std::vector<RegistrarCo
                          key);
     }
     if (!rules) return fmt::format("conversion rules for '{}' are empty", key);
-    if (auto holder = checkpoint::conversion_mapping_origin(key)) {
+    if (auto holder = registries_.conversions().origin(key)) {
       return fmt::format("conversion mapping for '{}' conflicts: already registered by {}", key, holder->describe());
     }
     kept.emplace_back(key, std::move(rules));
@@ -242,20 +247,20 @@ std::optional<std::string> PluginHost::register_all(const PatchMapping::Items& i
   std::vector<std::string> keys;
   for (const auto& item : items) keys.push_back(item.first);
   auto take_back = [&] {
-    for (const auto& key : record.conversions) checkpoint::unregister_checkpoint_conversion_mapping(key);
+    for (const auto& key : record.conversions) registries_.conversions().remove(key);
     record.conversions.clear();
-    if (!keys.empty()) registry_.unregister_patch_mapping(keys);
+    if (!keys.empty()) registries_.patches().unregister_patch_mapping(keys);
   };
   if (!items.empty()) {
     try {
-      registry_.register_patch_mapping(items, /*overwrite=*/false);
+      registries_.patches().register_patch_mapping(items, /*overwrite=*/false);
     } catch (const Error& e) {
       return std::string(e.what());
     }
   }
   for (const auto& [key, rules] : conversions) {
     try {
-      checkpoint::register_checkpoint_conversion_mapping(key, rules, false, origin);
+      registries_.conversions().add(key, rules, false, origin);
     } catch (const Error& e) {  // registered by someone else meanwhile: take back what this plugin added
       take_back();
       return std::string(e.what());
@@ -267,7 +272,7 @@ std::optional<std::string> PluginHost::register_all(const PatchMapping::Items& i
     family.origin = origin;
     const std::string model_type = family.model_type;
     try {
-      global_families().add(std::move(family));
+      registries_.families().add(std::move(family));
     } catch (const Error& e) {
       take_back();
       return std::string(e.what());
@@ -286,10 +291,10 @@ PluginRecord PluginHost::load_file(const fs::path& file, PluginMode mode) {
   record.mode = mode;
 
   // -- the file itself: a regular file nobody else may write, not one already loaded
-  if (auto refusal = check_file(file)) return refuse(record, *refusal);
   struct stat st {};
-  ::stat(file.c_str(), &st);
-  for (const auto& loaded : loaded_identities()) {
+  if (auto refusal = check_file(file, st)) return refuse(record, *refusal);
+  auto& identities = loaded_identities(registries_);
+  for (const auto& loaded : identities) {
     if (loaded.device == st.st_dev && loaded.inode == st.st_ino) {
       record.status = PluginRecord::Status::Duplicate;
       record.name = loaded.name;
@@ -312,7 +317,7 @@ PluginRecord PluginHost::load_file(const fs::path& file, PluginMode mode) {
   }
   auto describe = library.get_alias<const TorchpatchPluginDescriptor*()>(TORCHPATCH_DESCRIPTOR_SYMBOL);
   if (auto refusal = check_descriptor(describe(), record)) return refuse(record, *refusal);
-  for (const auto& loaded : loaded_identities()) {
+  for (const auto& loaded : identities) {
     if (loaded.name == record.name) {
       record.status = PluginRecord::Status::Duplicate;
       record.reason = fmt::format("plugin '{}' is already loaded from {}", record.name, loaded.path);
@@ -353,7 +358,7 @@ PluginRecord PluginHost::load_file(const fs::path& file, PluginMode mode) {
   }
   record.classes = std::move(offered);
   record.status = PluginRecord::Status::Loaded;
-  loaded_identities().push_back({st.st_dev, st.st_ino, record.name, file.string()});
+  identities.push_back({st.st_dev, st.st_ino, record.name, file.string()});
   return record;
 }
 
@@ -369,9 +374,7 @@ std::optional<ModuleClass> PluginHost::find_class(const std::string& name) const
   for (const auto& cls : classes_) {
     if (cls.name == name) return cls;
   }
-  const auto& builtins = builtin_classes();
-  if (auto it = builtins.find(name); it != builtins.end()) return it->second;
-  return std::nullopt;
+  return registries_.classes().find(name);
 }
 
 void PluginHost::patch(const std::string& key, const std::string& class_name, bool overwrite) {
@@ -382,7 +385,7 @@ void PluginHost::patch(const std::string& key, const std::string& class_name, bo
     throw PatchError(fmt::format("--patch {}={}: no class named '{}' (offered by plugins: {})", key, class_name,
                                  class_name, names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "))));
   }
-  registry_.register_patch_mapping({{key, *cls}}, overwrite);
+  registries_.patches().register_patch_mapping({{key, *cls}}, overwrite);
 }
 
 fs::path bundled_plugin_dir() {

@@ -1,20 +1,61 @@
 #include "torchpatch/checkpoint/checkpoint.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
-#include <fstream>
+#include <cerrno>
+#include <cstring>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "torchpatch/checkpoint/conversion.h"
 #include "torchpatch/error.h"
+#include "torchpatch/json_file.h"
 
 namespace torchpatch::checkpoint {
 
 namespace fs = std::filesystem;
 
+DirectoryHandle DirectoryHandle::open(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    throw CheckpointError(fmt::format("{}: cannot open the checkpoint directory: {}", dir.string(), std::strerror(errno)));
+  }
+  DirectoryHandle handle;
+  handle.path_ = dir;
+  handle.fd_ = std::shared_ptr<const int>(new int(fd), [](const int* p) {
+    ::close(*p);
+    delete p;
+  });
+  return handle;
+}
+
+fs::path DirectoryHandle::file(const std::string& name) const {
+  return fs::path(fmt::format("/proc/self/fd/{}", *fd_)) / name;
+}
+
 Checkpoint Checkpoint::open(const fs::path& path) {
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec)) {
+    Checkpoint ckpt;
+    ckpt.path_ = path;
+    ckpt.files_.push_back(SafetensorsFile::open(path));
+    for (const auto& info : ckpt.files_.front()->tensors()) ckpt.where_.emplace(info.name, ckpt.files_.front().get());
+    for (const auto& [name, file] : ckpt.where_) ckpt.keys_.push_back(name);
+    std::sort(ckpt.keys_.begin(), ckpt.keys_.end(), natural_key_less);
+    return ckpt;
+  }
+  if (!fs::is_directory(path, ec)) {
+    throw CheckpointError(fmt::format("{}: no model.safetensors or model.safetensors.index.json", path.string()));
+  }
+  return open(DirectoryHandle::open(path));
+}
+
+Checkpoint Checkpoint::open(const DirectoryHandle& dir) {
   Checkpoint ckpt;
+  const fs::path& path = dir.path();
   ckpt.path_ = path;
   const fs::path index = path / "model.safetensors.index.json";
   auto add = [&](const std::shared_ptr<SafetensorsFile>& file) {
@@ -27,16 +68,9 @@ Checkpoint Checkpoint::open(const fs::path& path) {
     }
     ckpt.files_.push_back(file);
   };
-  if (fs::is_regular_file(path)) {
-    add(SafetensorsFile::open(path));
-  } else if (fs::is_regular_file(index)) {
-    nlohmann::json j;
-    try {
-      std::ifstream in(index);
-      in >> j;
-    } catch (const nlohmann::json::exception& e) {
-      throw CheckpointError(fmt::format("{}: not valid JSON: {}", index.string(), e.what()));
-    }
+  if (path_exists(dir.file("model.safetensors.index.json"))) {
+    const auto j = read_json_file(dir.file("model.safetensors.index.json"),
+                                  [](const std::string& message) { throw CheckpointError(message); }, {}, index.string());
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
       throw CheckpointError(fmt::format("{}: no 'weight_map' object", index.string()));
     }
@@ -47,11 +81,12 @@ Checkpoint Checkpoint::open(const fs::path& path) {
     }
     for (const auto& [shard, names] : shards) {
       const fs::path file = path / shard;
-      if (shard.find('/') != std::string::npos || !fs::is_regular_file(file)) {
+      if (shard.empty() || shard.find('/') != std::string::npos || shard == "." || shard == ".." ||
+          !path_exists(dir.file(shard))) {
         throw CheckpointError(fmt::format("{}: names shard '{}' (for tensor '{}'), which does not exist",
                                           index.string(), shard, names.front()));
       }
-      auto opened = SafetensorsFile::open(file);
+      auto opened = SafetensorsFile::open(dir.file(shard), file);
       for (const auto& name : names) {
         if (!opened->find(name)) {
           throw CheckpointError(fmt::format("{}: says tensor '{}' is in {}, which has no such tensor", index.string(),
@@ -60,8 +95,8 @@ Checkpoint Checkpoint::open(const fs::path& path) {
       }
       add(opened);
     }
-  } else if (fs::is_regular_file(path / "model.safetensors")) {
-    add(SafetensorsFile::open(path / "model.safetensors"));
+  } else if (path_exists(dir.file("model.safetensors"))) {
+    add(SafetensorsFile::open(dir.file("model.safetensors"), path / "model.safetensors"));
   } else {
     throw CheckpointError(fmt::format("{}: no model.safetensors or model.safetensors.index.json", path.string()));
   }

@@ -12,76 +12,71 @@ namespace torchpatch::checkpoint {
 
 // -- registry ------------------------------------------------------------------------------------
 
-namespace {
-
-struct RegistryEntry {
-  ConversionFactory factory;
-  Origin origin;
-};
-
-std::mutex& registry_mutex() {
-  static std::mutex mutex;
-  return mutex;
+ConversionRegistry::ConversionRegistry() {
+  entries_["legacy"] = Entry{[](const Config&) {
+                               return ConversionRules{WeightRenaming{"LayerNorm.gamma", "LayerNorm.weight"},
+                                                      WeightRenaming{"LayerNorm.beta", "LayerNorm.bias"}};
+                             },
+                             Origin{}};
 }
 
-std::map<std::string, RegistryEntry>& registry() {
-  // The "legacy" renamings (old BERT names) apply to every model; families add their own defaults
-  // under their model_type when they are registered.
-  static std::map<std::string, RegistryEntry> entries{
-      {"legacy",
-       {[](const Config&) {
-          return ConversionRules{WeightRenaming{"LayerNorm.gamma", "LayerNorm.weight"},
-                                 WeightRenaming{"LayerNorm.beta", "LayerNorm.bias"}};
-        },
-        Origin{}}},
-  };
-  return entries;
-}
-
-}  // namespace
-
-void register_checkpoint_conversion_mapping(const std::string& key, ConversionFactory factory, bool overwrite,
-                                            const Origin& origin) {
+void ConversionRegistry::add(const std::string& key, ConversionFactory factory, bool overwrite, const Origin& origin) {
   if (!factory) throw Error(fmt::format("Conversion mapping for '{}': null factory", key));
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  auto& entries = registry();
-  auto it = entries.find(key);
-  if (it != entries.end() && !overwrite) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = entries_.find(key);
+  if (it != entries_.end() && !overwrite) {
     throw Error(fmt::format("Conversion mapping for '{}' already exists (registered by {}). Pass overwrite=true to "
                             "replace it.",
                             key, it->second.origin.describe()));
   }
-  entries[key] = RegistryEntry{std::move(factory), origin};
+  entries_[key] = Entry{std::move(factory), origin};
 }
 
-void register_checkpoint_conversion_mapping(const std::string& key, ConversionRules rules, bool overwrite,
-                                            const Origin& origin) {
-  register_checkpoint_conversion_mapping(
-      key, ConversionFactory([rules](const Config&) { return rules; }), overwrite, origin);
+void ConversionRegistry::add(const std::string& key, ConversionRules rules, bool overwrite, const Origin& origin) {
+  add(key, ConversionFactory([rules](const Config&) { return rules; }), overwrite, origin);
 }
 
-void unregister_checkpoint_conversion_mapping(const std::string& key) {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  if (registry().erase(key) == 0) throw Error(fmt::format("Conversion mapping for '{}' is not registered", key));
+void ConversionRegistry::remove(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (entries_.erase(key) == 0) throw Error(fmt::format("Conversion mapping for '{}' is not registered", key));
 }
 
-std::optional<ConversionRules> get_checkpoint_conversion_mapping(const std::string& key, const Config& config) {
+std::optional<ConversionRules> ConversionRegistry::get(const std::string& key, const Config& config) const {
   ConversionFactory factory;
   {
-    std::lock_guard<std::mutex> lock(registry_mutex());
-    auto it = registry().find(key);
-    if (it == registry().end()) return std::nullopt;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = entries_.find(key);
+    if (it == entries_.end()) return std::nullopt;
     factory = it->second.factory;
   }
-  return factory(config);
+  return factory(config);  // outside the lock: a factory may consult the registry
 }
 
-std::optional<Origin> conversion_mapping_origin(const std::string& key) {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  auto it = registry().find(key);
-  if (it == registry().end()) return std::nullopt;
+std::optional<Origin> ConversionRegistry::origin(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return std::nullopt;
   return it->second.origin;
 }
+
+ConversionRegistry& global_conversions() {
+  static ConversionRegistry registry;
+  return registry;
+}
+
+void register_checkpoint_conversion_mapping(const std::string& key, ConversionFactory factory, bool overwrite,
+                                            const Origin& origin) {
+  global_conversions().add(key, std::move(factory), overwrite, origin);
+}
+void register_checkpoint_conversion_mapping(const std::string& key, ConversionRules rules, bool overwrite,
+                                            const Origin& origin) {
+  global_conversions().add(key, std::move(rules), overwrite, origin);
+}
+void unregister_checkpoint_conversion_mapping(const std::string& key) { global_conversions().remove(key); }
+std::optional<ConversionRules> get_checkpoint_conversion_mapping(const std::string& key, const Config& config) {
+  return global_conversions().get(key, config);
+}
+std::optional<Origin> conversion_mapping_origin(const std::string& key) { return global_conversions().origin(key); }
 
 // -- reversal and description --------------------------------------------------------------------
 

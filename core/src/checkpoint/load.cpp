@@ -1,15 +1,18 @@
 // Loading through the conversion rules, and the reverse for saving.
 #include "torchpatch/checkpoint/load.h"
 
-#include <fstream>
 #include <optional>
 #include <set>
 
 #include <ATen/ATen.h>
+#include <boost/regex.hpp>
 #include <fmt/format.h>
 
 #include "torchpatch/error.h"
+#include "torchpatch/json_file.h"
 #include "torchpatch/nn/linear.h"
+#include "checkpoint/atomic_file.h"
+#include "checkpoint/directory_swap.h"
 
 namespace torchpatch::checkpoint {
 
@@ -17,22 +20,23 @@ Loadable::~Loadable() = default;
 
 namespace fs = std::filesystem;
 
-std::vector<ScopedRules> model_conversion_rules(const Loadable& model, bool add_legacy) {
+std::vector<ScopedRules> model_conversion_rules(const Loadable& model, bool add_legacy,
+                                               const ConversionRegistry& registry) {
   std::vector<ScopedRules> rules;
   const auto& config = model.config();
-  if (auto own = get_checkpoint_conversion_mapping(model.class_name(), config)) {
+  if (auto own = registry.get(model.class_name(), config)) {
     rules.push_back({"", std::move(*own)});
-  } else if (auto by_type = get_checkpoint_conversion_mapping(config.model_type, config)) {
+  } else if (auto by_type = registry.get(config.model_type, config)) {
     rules.push_back({"", std::move(*by_type)});
   }
   // A replacement's rules follow it: they apply under every module of its class.
   for (const auto& point : model.patch_points()) {
-    if (auto own = get_checkpoint_conversion_mapping(point.module->patch_record().class_name, config)) {
+    if (auto own = registry.get(point.module->patch_record().class_name, config)) {
       rules.push_back({point.path, std::move(*own), /*exclusive=*/true});
     }
   }
   if (add_legacy) {
-    if (auto legacy = get_checkpoint_conversion_mapping("legacy", config)) rules.push_back({"", std::move(*legacy)});
+    if (auto legacy = registry.get("legacy", config)) rules.push_back({"", std::move(*legacy)});
   }
   return rules;
 }
@@ -187,121 +191,158 @@ nlohmann::json LoadReport::to_json() const {
           {"strict", strict}};
 }
 
-LoadReport load_weights(Loadable& model, const Checkpoint& ckpt, const LoadOptions& options) {
-  const ConversionPlan plan(model_conversion_rules(model, /*add_legacy=*/true));
-  std::map<std::string, at::Tensor> params;
-  for (const auto& item : model.module().named_parameters()) params.emplace(item.key(), item.value());
+namespace {
 
-  LoadReport report;
-  report.strict = options.strict;
-  const BasePrefix base(model, params, ckpt.keys());
-  std::vector<std::pair<std::string, std::string>> direct;  // checkpoint key -> model key
-  Groups groups;
-  for (const auto& ckpt_key : ckpt.keys()) {
-    std::optional<ConversionPlan::Route> found;
-    for (const auto& name : base.candidates(ckpt_key)) {
-      auto route = plan.route(name);
-      if (!params.count(route.key()) && params.count(name)) route = ConversionPlan::Route{{name}, nullptr, 0};
-      if (params.count(route.key())) {
-        found = std::move(route);
-        break;
-      }
+// One load, in stages: route every checkpoint key to a parameter (directly or through a converter),
+// store the tensors, then account for what the checkpoint did not provide.
+class WeightLoad {
+ public:
+  WeightLoad(Loadable& model, const Checkpoint& ckpt, const LoadOptions& options)
+      : model_(model),
+        ckpt_(ckpt),
+        plan_(model_conversion_rules(model, /*add_legacy=*/true,
+                                     options.conversions ? *options.conversions : global_conversions())) {
+    for (const auto& item : model.module().named_parameters()) params_.emplace(item.key(), item.value());
+    for (const auto& [alias, target] : model.tied_weights()) {
+      partner_[alias] = target;
+      partner_[target] = alias;
     }
-    if (!found) {
-      if (computed_not_loaded(ckpt_key)) continue;
-      if (base.ignorable(ckpt_key)) {
-        report.ignored.push_back(ckpt_key);
-        continue;
-      }
-      const auto route = plan.route(ckpt_key);
-      report.unexpected.push_back(route.key() == ckpt_key
-                                      ? ckpt_key
-                                      : fmt::format("{} (converted to '{}')", ckpt_key, route.key()));
-      continue;
-    }
-    const auto& route = *found;
-    if (!route.converter) {
-      direct.emplace_back(ckpt_key, route.key());
-      continue;
-    }
-    const std::string clash = groups.add(route, ckpt_key);
-    if (!clash.empty()) report.conversion_errors[route.key()] = clash;
+    report_.strict = options.strict;
   }
 
-  std::set<std::string> loaded;
-  at::NoGradGuard no_grad;
-  auto store = [&](const std::string& name, const at::Tensor& value) {
-    auto it = params.find(name);
-    if (it == params.end()) {
-      report.unexpected.push_back(name);
+  LoadReport run() {
+    route_keys();
+    at::NoGradGuard no_grad;
+    load_direct();
+    load_converted();
+    find_missing();
+    if (report_.strict && !report_.clean()) throw CheckpointError(report_.describe(source_name(ckpt_)));
+    initialise_missing();
+    return std::move(report_);
+  }
+
+ private:
+  void route_keys() {
+    const BasePrefix base(model_, params_, ckpt_.keys());
+    for (const auto& ckpt_key : ckpt_.keys()) {
+      std::optional<ConversionPlan::Route> found;
+      for (const auto& name : base.candidates(ckpt_key)) {
+        auto route = plan_.route(name);
+        if (!params_.count(route.key()) && params_.count(name)) route = ConversionPlan::Route{{name}, nullptr, 0};
+        if (params_.count(route.key())) {
+          found = std::move(route);
+          break;
+        }
+      }
+      if (!found) {
+        if (computed_not_loaded(ckpt_key)) continue;
+        if (base.ignorable(ckpt_key)) {
+          report_.ignored.push_back(ckpt_key);
+          continue;
+        }
+        const auto route = plan_.route(ckpt_key);
+        report_.unexpected.push_back(route.key() == ckpt_key ? ckpt_key
+                                                             : fmt::format("{} (converted to '{}')", ckpt_key, route.key()));
+      } else if (!found->converter) {
+        direct_.emplace_back(ckpt_key, found->key());
+      } else if (const std::string clash = groups_.add(*found, ckpt_key); !clash.empty()) {
+        report_.conversion_errors[found->key()] = clash;
+      }
+    }
+  }
+
+  void store(const std::string& name, const at::Tensor& value) {
+    auto it = params_.find(name);
+    if (it == params_.end()) {
+      report_.unexpected.push_back(name);
       return;
     }
-    if (value.sizes() != it->second.sizes()) {  // reported as mismatched, not also as missing
-      report.mismatched.push_back({name, to_vector(value.sizes()), to_vector(it->second.sizes())});
-      loaded.insert(name);
-      return;
-    }
+    loaded_.insert(name);
     at::Tensor& param = it->second;
-    if (value.scalar_type() == param.scalar_type() && value.is_contiguous() && param.is_contiguous()) {
+    if (value.sizes() != param.sizes()) {  // reported as mismatched, not also as missing
+      report_.mismatched.push_back({name, to_vector(value.sizes()), to_vector(param.sizes())});
+    } else if (value.scalar_type() == param.scalar_type() && value.is_contiguous() && param.is_contiguous()) {
       param.set_data(value);  // adopt it: a view of the memory-mapped file, or a fresh conversion result
     } else {
       param.copy_(value);  // another dtype (or layout): convert into the parameter
     }
-    loaded.insert(name);
-  };
-  // Tied names share one tensor: load it once (from the first of the pair the checkpoint has).
-  const auto aliases = model.tied_weights();
-  std::map<std::string, std::string> partner;
-  for (const auto& [alias, target] : aliases) {
-    partner[alias] = target;
-    partner[target] = alias;
   }
-  for (const auto& [key, name] : direct) {
-    auto other = partner.find(name);
-    if (other != partner.end() && loaded.count(other->second)) continue;
-    store(name, ckpt.tensor(key));
+
+  // Whether `name` shares the tensor of a tied partner that was loaded already.
+  bool partner_loaded(const std::string& name) const {
+    auto other = partner_.find(name);
+    return other != partner_.end() && loaded_.count(other->second);
   }
-  std::set<std::string> used;
-  for (const auto& target : groups.order()) {
-    if (report.conversion_errors.count(target)) continue;
-    const Group& group = groups.at(target);
-    try {
-      for (const auto& [name, value] : run_group(group, [&](const std::string& k) { return ckpt.tensor(k); })) {
-        store(name, value);
-      }
-      used.insert(describe(*group.converter));
-    } catch (const std::exception& e) {
-      std::vector<std::string> keys;
-      for (const auto& list : group.source_keys) keys.insert(keys.end(), list.begin(), list.end());
-      report.conversion_errors[target] = fmt::format("{}: {} (checkpoint tensors: {})", describe(*group.converter),
-                                                     e.what(), fmt::join(keys, ", "));
+
+  void load_direct() {
+    // Tied names share one tensor: load it once (from the first of the pair the checkpoint has).
+    for (const auto& [key, name] : direct_) {
+      if (!partner_loaded(name)) store(name, ckpt_.tensor(key));
     }
   }
-  report.conversions.assign(used.begin(), used.end());
 
-  for (const auto& [name, tensor] : params) {
-    if (loaded.count(name)) continue;
-    auto other = partner.find(name);
-    if (other != partner.end() && loaded.count(other->second)) continue;  // shares the tensor that was loaded
-    if (aliases.count(name) && params.count(aliases.at(name))) continue;   // reported under its target's name
-    report.missing.push_back(name);
+  void load_converted() {
+    std::set<std::string> used;
+    for (const auto& target : groups_.order()) {
+      if (report_.conversion_errors.count(target)) continue;
+      const Group& group = groups_.at(target);
+      try {
+        for (const auto& [name, value] : run_group(group, [&](const std::string& k) { return ckpt_.tensor(k); })) {
+          store(name, value);
+        }
+        used.insert(describe(*group.converter));
+      } catch (const std::exception& e) {
+        std::vector<std::string> keys;
+        for (const auto& list : group.source_keys) keys.insert(keys.end(), list.begin(), list.end());
+        report_.conversion_errors[target] = fmt::format("{}: {} (checkpoint tensors: {})", describe(*group.converter),
+                                                        e.what(), fmt::join(keys, ", "));
+      }
+    }
+    report_.conversions.assign(used.begin(), used.end());
   }
-  std::sort(report.missing.begin(), report.missing.end(), natural_key_less);
-  if (options.strict && !report.clean()) throw CheckpointError(report.describe(source_name(ckpt)));
+
+  void find_missing() {
+    const auto aliases = model_.tied_weights();
+    for (const auto& [name, tensor] : params_) {
+      if (loaded_.count(name) || partner_loaded(name)) continue;
+      if (aliases.count(name) && params_.count(aliases.at(name))) continue;  // reported under its target's name
+      report_.missing.push_back(name);
+    }
+    std::sort(report_.missing.begin(), report_.missing.end(), natural_key_less);
+  }
+
   // Non-strict: what the checkpoint did not provide gets Hugging Face's initial values.
-  auto initialise = [&](const std::string& name) {
-    const bool is_bias = name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
-    const bool is_norm = name.find("norm") != std::string::npos || name.find("LayerNorm") != std::string::npos;
-    nn::init_parameter(params.at(name), is_bias, is_norm && !is_bias);
-  };
-  for (const auto& name : report.missing) initialise(name);
-  for (const auto& m : report.mismatched) initialise(m.key);
-  return report;
+  void initialise_missing() {
+    auto initialise = [&](const std::string& name) {
+      const bool is_bias = name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+      const bool is_norm = name.find("norm") != std::string::npos || name.find("LayerNorm") != std::string::npos;
+      nn::init_parameter(params_.at(name), is_bias, is_norm && !is_bias);
+    };
+    for (const auto& name : report_.missing) initialise(name);
+    for (const auto& m : report_.mismatched) initialise(m.key);
+  }
+
+  Loadable& model_;
+  const Checkpoint& ckpt_;
+  const ConversionPlan plan_;
+  std::map<std::string, at::Tensor> params_;
+  std::map<std::string, std::string> partner_;  // tied names, both ways
+  LoadReport report_;
+  std::vector<std::pair<std::string, std::string>> direct_;  // checkpoint key -> model key
+  Groups groups_;
+  std::set<std::string> loaded_;
+};
+
+}  // namespace
+
+LoadReport load_weights(Loadable& model, const Checkpoint& ckpt, const LoadOptions& options) {
+  return WeightLoad(model, ckpt, options).run();
 }
 
-std::vector<std::pair<std::string, at::Tensor>> hub_state_dict(const Loadable& model) {
+std::vector<std::pair<std::string, at::Tensor>> hub_state_dict(const Loadable& model,
+                                                               const ConversionRegistry& registry) {
   std::vector<ScopedRules> reversed;
-  for (auto& scoped : model_conversion_rules(model, /*add_legacy=*/false)) {
+  for (auto& scoped : model_conversion_rules(model, /*add_legacy=*/false, registry)) {
     ScopedRules r{scoped.prefix, {}, scoped.exclusive};
     for (const auto& rule : scoped.rules) r.rules.push_back(reverse_transform(rule));
     reversed.push_back(std::move(r));
@@ -341,58 +382,80 @@ std::vector<std::pair<std::string, at::Tensor>> hub_state_dict(const Loadable& m
   return out;
 }
 
-void save_pretrained(const Loadable& model, const fs::path& dir, const SaveOptions& options) {
-  const auto tensors = hub_state_dict(model);
-  fs::create_directories(dir);
+namespace {
 
-  nlohmann::json config = model.config_json();
-  if (!config.contains("architectures")) config["architectures"] = {model.class_name()};
-  const fs::path config_path = dir / "config.json";
-  const fs::path config_tmp = dir / ("config.json.tmp." + std::to_string(::getpid()));
-  {
-    std::ofstream out(config_tmp);
-    out << config.dump(2) << "\n";
-    if (!out) throw CheckpointError(fmt::format("{}: cannot write", config_tmp.string()));
-  }
-  fs::rename(config_tmp, config_path);
-
-  // Greedy shards in key order, as Hugging Face splits them.
+// Greedy shards in key order, as Hugging Face splits them.
+std::vector<std::vector<std::pair<std::string, at::Tensor>>> split_shards(
+    const std::vector<std::pair<std::string, at::Tensor>>& tensors, int64_t max_shard_bytes) {
   std::vector<std::vector<std::pair<std::string, at::Tensor>>> shards(1);
-  int64_t shard_bytes = 0, total_bytes = 0;
+  int64_t shard_bytes = 0;
   for (const auto& item : tensors) {
     const int64_t bytes = static_cast<int64_t>(item.second.numel() * item.second.element_size());
-    if (!shards.back().empty() && shard_bytes + bytes > options.max_shard_bytes) {
+    if (!shards.back().empty() && shard_bytes + bytes > max_shard_bytes) {
       shards.emplace_back();
       shard_bytes = 0;
     }
     shards.back().push_back(item);
     shard_bytes += bytes;
-    total_bytes += bytes;
   }
+  return shards;
+}
+
+// Files of a checkpoint's own layout: what a save replaces rather than carries over.
+bool checkpoint_file(const std::string& name) {
+  static const boost::regex shard(R"(model-\d+-of-\d+\.safetensors)");
+  return name == "config.json" || name == "model.safetensors" || name == "model.safetensors.index.json" ||
+         boost::regex_match(name, shard);
+}
+
+// Writes config.json and the weights (one file, or shards and their index) into `dir`.
+void write_checkpoint(const Loadable& model, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                      const fs::path& dir, const SaveOptions& options) {
+  nlohmann::json config = model.config_json();
+  if (!config.contains("architectures")) config["architectures"] = {model.class_name()};
+  write_file_atomically(dir / "config.json", config.dump(2) + "\n");
   const std::map<std::string, std::string> metadata{{"format", "pt"}};
-  // A previous save of the other layout would shadow (index) or confuse (single file) this one.
-  // The other layout's files go only once the new ones are complete.
-  std::error_code ignored;
-  if (shards.size() == 1) {
-    save_safetensors(dir / "model.safetensors", shards.front(), metadata);
-    fs::remove(dir / "model.safetensors.index.json", ignored);
-    return;
-  }
+  const auto shards = split_shards(tensors, options.max_shard_bytes);
+  if (shards.size() == 1) return save_safetensors(dir / "model.safetensors", shards.front(), metadata);
   nlohmann::json weight_map = nlohmann::json::object();
+  int64_t total_bytes = 0;
   for (std::size_t i = 0; i < shards.size(); ++i) {
     const std::string name = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
     save_safetensors(dir / name, shards[i], metadata);
-    for (const auto& item : shards[i]) weight_map[item.first] = name;
+    for (const auto& [key, tensor] : shards[i]) {
+      weight_map[key] = name;
+      total_bytes += static_cast<int64_t>(tensor.numel() * tensor.element_size());
+    }
   }
   const nlohmann::json index{{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
-  const fs::path index_tmp = dir / ("model.safetensors.index.json.tmp." + std::to_string(::getpid()));
-  {
-    std::ofstream out(index_tmp);
-    out << index.dump(2) << "\n";
-    if (!out) throw CheckpointError(fmt::format("{}: cannot write", index_tmp.string()));
+  write_file_atomically(dir / "model.safetensors.index.json", index.dump(2) + "\n");
+}
+
+// The shard names an existing checkpoint's index lists (they may be named otherwise than the hub's).
+std::set<std::string> indexed_shards(const fs::path& dir) {
+  std::set<std::string> names;
+  const fs::path index = dir / "model.safetensors.index.json";
+  if (!fs::is_regular_file(index)) return names;
+  try {
+    const auto j = read_json_file(index, [](const std::string& m) { throw CheckpointError(m); });
+    for (const auto& [key, shard] : j.at("weight_map").items()) {
+      if (shard.is_string()) names.insert(shard.get<std::string>());
+    }
+  } catch (const std::exception&) {
+    // A broken index: its shards are found by name only.
   }
-  fs::rename(index_tmp, dir / "model.safetensors.index.json");
-  fs::remove(dir / "model.safetensors", ignored);
+  return names;
+}
+
+}  // namespace
+
+void save_pretrained(const Loadable& model, const fs::path& dir, const SaveOptions& options) {
+  const auto tensors = hub_state_dict(model, options.conversions ? *options.conversions : global_conversions());
+  const auto old_shards = indexed_shards(dir);
+  DirectorySwap swap;
+  swap.write = [&](const fs::path& staging) { write_checkpoint(model, tensors, staging, options); };
+  swap.replaced = [&](const std::string& name) { return checkpoint_file(name) || old_shards.count(name) > 0; };
+  replace_directory(dir, swap);
 }
 
 }  // namespace torchpatch::checkpoint

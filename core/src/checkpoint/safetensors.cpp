@@ -22,6 +22,8 @@
 #include <nlohmann/json.hpp>
 
 #include "torchpatch/error.h"
+#include "torchpatch/json_file.h"
+#include "checkpoint/atomic_file.h"
 
 namespace torchpatch::checkpoint {
 
@@ -32,6 +34,7 @@ namespace {
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors support needs a little-endian host");
 
 constexpr const char* kMetadataKey = "__metadata__";
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
 struct DtypeEntry {
   Dtype dtype;
@@ -71,7 +74,6 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
-std::string errno_text(int err) { return std::strerror(err); }
 
 // Reads the unsigned integer `value` (a JSON number) or returns false.
 bool as_u64(const nlohmann::json& value, uint64_t& out) {
@@ -84,22 +86,6 @@ bool as_u64(const nlohmann::json& value, uint64_t& out) {
     return true;
   }
   return false;
-}
-
-// Writes all of `data`, retrying short writes and EINTR. Returns 0 or an errno value.
-int write_all(int fd, const void* data, size_t size) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  while (size > 0) {
-    const size_t chunk = std::min<size_t>(size, size_t{1} << 30);
-    const ssize_t n = ::write(fd, p, chunk);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-  return 0;
 }
 
 }  // namespace
@@ -121,151 +107,173 @@ Dtype from_scalar_type(c10::ScalarType type) {
 // Reading
 // ---------------------------------------------------------------------------------------------
 
-std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::path& path) {
-  // The constructor is private, so make_shared is not available.
-  std::shared_ptr<SafetensorsFile> file(new SafetensorsFile());
-  file->path_ = path;
-  const std::string where = path.string();
-  auto fail = [&](const std::string& cause) { return CheckpointError(fmt::format("{}: {}", where, cause)); };
+namespace {
 
-  const int fd = ::open(where.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw fail(fmt::format("cannot open: {}", errno_text(errno)));
+CheckpointError file_error(const std::filesystem::path& path, const std::string& cause) {
+  return CheckpointError(fmt::format("{}: {}", path.string(), cause));
+}
+
+// The whole file, mapped private and writable: pages are shared with the page cache until written,
+// and a write (say, a training step on a parameter loaded as a view) copies the page instead of
+// touching the file.
+std::pair<const uint8_t*, uint64_t> map_file(const std::filesystem::path& io, const std::filesystem::path& path) {
+  // Non-blocking: opening a FIFO would otherwise wait for a writer.
+  const int fd = ::open(io.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) throw file_error(path, fmt::format("cannot open: {}", errno_text(errno)));
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
+  const int stat_err = ::fstat(fd, &st) != 0 ? errno : 0;
+  std::string refusal;
+  if (stat_err != 0) refusal = fmt::format("cannot stat: {}", errno_text(stat_err));
+  else if (!S_ISREG(st.st_mode)) refusal = S_ISDIR(st.st_mode) ? "a directory, not a regular file" : "not a regular file";
+  else if (st.st_size < 8) refusal = fmt::format("truncated: {} bytes, a safetensors file needs at least 8", st.st_size);
+  if (!refusal.empty()) {  // also rules out mapping an empty file
     ::close(fd);
-    throw fail(fmt::format("cannot stat: {}", errno_text(err)));
+    throw file_error(path, refusal);
   }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw fail("not a regular file");
-  }
-  const auto file_size = static_cast<uint64_t>(st.st_size);
-  if (file_size < 8) {  // also rules out mapping an empty file
-    ::close(fd);
-    throw fail(fmt::format("truncated: {} bytes, a safetensors file needs at least 8", file_size));
-  }
-  // Private and writable: pages are shared with the page cache until written, and a write (say, a
-  // training step on a parameter loaded as a view) copies the page instead of touching the file.
-  void* map = ::mmap(nullptr, file_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  const auto size = static_cast<uint64_t>(st.st_size);
+  void* map = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
   const int map_err = errno;
   ::close(fd);  // the mapping stays valid without the descriptor
-  if (map == MAP_FAILED) throw fail(fmt::format("cannot map: {}", errno_text(map_err)));
-  // From here on the destructor unmaps, also when validation throws.
-  file->data_ = static_cast<const uint8_t*>(map);
-  file->size_ = file_size;
+  if (map == MAP_FAILED) throw file_error(path, fmt::format("cannot map: {}", errno_text(map_err)));
+  return {static_cast<const uint8_t*>(map), size};
+}
 
+// The length-prefixed JSON header; `data_start` receives where the data section begins.
+nlohmann::json read_header(const std::filesystem::path& path, const uint8_t* data, uint64_t size, uint64_t& data_start) {
   uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | file->data_[i];
-  if (header_len > file_size - 8) {
-    throw fail(fmt::format("header claims {} bytes but only {} follow", header_len, file_size - 8));
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | data[i];
+  if (header_len > kMaxHeaderBytes) {
+    throw file_error(path, fmt::format("header claims {} bytes, more than the {} a safetensors header may hold",
+                                       header_len, kMaxHeaderBytes));
   }
-  const uint64_t data_start = 8 + header_len;
-  const uint64_t data_size = file_size - data_start;
-
-  nlohmann::json header;
-  try {
-    const auto* begin = reinterpret_cast<const char*>(file->data_ + 8);
-    header = nlohmann::json::parse(begin, begin + header_len);
-  } catch (const nlohmann::json::exception& e) {
-    throw fail(fmt::format("header is not valid JSON: {}", e.what()));
+  if (header_len > size - 8) {
+    throw file_error(path, fmt::format("header claims {} bytes but only {} follow", header_len, size - 8));
   }
-  if (!header.is_object()) {
-    throw fail(fmt::format("header is not a JSON object but {}", header.type_name()));
+  data_start = 8 + header_len;
+  // Bounded: at most 100 MB (the format's own limit) and shallow, so nothing after recurses deeply.
+  JsonLimits limits;
+  limits.max_bytes = kMaxHeaderBytes;
+  limits.max_depth = 8;
+  const std::string text(reinterpret_cast<const char*>(data + 8), header_len);
+  const auto header = parse_json(text, path.string(), [](const std::string& m) { throw CheckpointError(m); }, limits,
+                                 "header");
+  if (!header.is_object()) throw file_error(path, fmt::format("header is not a JSON object but {}", header.type_name()));
+  return header;
+}
+
+std::map<std::string, std::string> read_metadata(const std::filesystem::path& path, const nlohmann::json& value) {
+  if (!value.is_object()) {
+    throw file_error(path, fmt::format("{} is not a JSON object but {}", kMetadataKey, value.type_name()));
   }
-
-  for (const auto& [name, value] : header.items()) {
-    if (name == kMetadataKey) {
-      if (!value.is_object()) {
-        throw fail(fmt::format("{} is not a JSON object but {}", kMetadataKey, value.type_name()));
-      }
-      for (const auto& [key, text] : value.items()) {
-        if (!text.is_string()) {
-          throw fail(fmt::format("{}: value of '{}' is not a string but {}", kMetadataKey, key, text.type_name()));
-        }
-        file->metadata_.emplace(key, text.get<std::string>());
-      }
-      continue;
+  std::map<std::string, std::string> metadata;
+  for (const auto& [key, text] : value.items()) {
+    if (!text.is_string()) {
+      throw file_error(path, fmt::format("{}: value of '{}' is not a string but {}", kMetadataKey, key, text.type_name()));
     }
+    metadata.emplace(key, text.get<std::string>());
+  }
+  return metadata;
+}
 
-    auto bad = [&](const std::string& cause) { return fail(fmt::format("tensor '{}': {}", name, cause)); };
-    if (!value.is_object()) throw bad(fmt::format("entry is not a JSON object but {}", value.type_name()));
+// One tensor's entry, checked: a known dtype, a shape of non-negative integers, offsets inside the
+// data section of exactly the bytes the shape needs. Offsets in the result are from the file start.
+TensorInfo read_entry(const std::filesystem::path& path, const std::string& name, const nlohmann::json& value,
+                      uint64_t data_start, uint64_t data_size) {
+  auto bad = [&](const std::string& cause) { return file_error(path, fmt::format("tensor '{}': {}", name, cause)); };
+  if (!value.is_object()) throw bad(fmt::format("entry is not a JSON object but {}", value.type_name()));
+  TensorInfo info;
+  info.name = name;
 
-    TensorInfo info;
-    info.name = name;
+  const auto dtype_it = value.find("dtype");
+  if (dtype_it == value.end()) throw bad("missing 'dtype'");
+  if (!dtype_it->is_string()) throw bad(fmt::format("'dtype' is not a string but {}", dtype_it->type_name()));
+  const DtypeEntry* dtype = entry_named(dtype_it->get<std::string>());
+  if (dtype == nullptr) throw bad(fmt::format("unknown dtype '{}'", dtype_it->get<std::string>()));
+  info.dtype = dtype->dtype;
 
-    const auto dtype_it = value.find("dtype");
-    if (dtype_it == value.end()) throw bad("missing 'dtype'");
-    if (!dtype_it->is_string()) throw bad(fmt::format("'dtype' is not a string but {}", dtype_it->type_name()));
-    const auto dtype_text = dtype_it->get<std::string>();
-    const DtypeEntry* dtype = entry_named(dtype_text);
-    if (dtype == nullptr) throw bad(fmt::format("unknown dtype '{}'", dtype_text));
-    info.dtype = dtype->dtype;
-
-    const auto shape_it = value.find("shape");
-    if (shape_it == value.end()) throw bad("missing 'shape'");
-    if (!shape_it->is_array()) throw bad(fmt::format("'shape' is not an array but {}", shape_it->type_name()));
-    uint64_t numel = 1;
-    bool overflow = false;
-    for (const auto& dim : *shape_it) {
-      uint64_t d = 0;
-      if (!as_u64(dim, d)) throw bad(fmt::format("'shape' {} holds something other than a non-negative integer", shape_it->dump()));
-      if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        throw bad(fmt::format("'shape' {} has a dimension too large", shape_it->dump()));
-      }
-      info.shape.push_back(static_cast<int64_t>(d));
-      overflow = overflow || __builtin_mul_overflow(numel, d, &numel);
+  const auto shape_it = value.find("shape");
+  if (shape_it == value.end()) throw bad("missing 'shape'");
+  if (!shape_it->is_array()) throw bad(fmt::format("'shape' is not an array but {}", shape_it->type_name()));
+  uint64_t numel = 1;
+  bool overflow = false;
+  for (const auto& dim : *shape_it) {
+    uint64_t d = 0;
+    if (!as_u64(dim, d)) throw bad(fmt::format("'shape' {} holds something other than a non-negative integer", shape_it->dump()));
+    if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      throw bad(fmt::format("'shape' {} has a dimension too large", shape_it->dump()));
     }
-
-    const auto offsets_it = value.find("data_offsets");
-    if (offsets_it == value.end()) throw bad("missing 'data_offsets'");
-    uint64_t begin = 0;
-    uint64_t end = 0;
-    if (!offsets_it->is_array() || offsets_it->size() != 2 || !as_u64((*offsets_it)[0], begin) ||
-        !as_u64((*offsets_it)[1], end)) {
-      throw bad(fmt::format("'data_offsets' {} is not an array of two non-negative integers", offsets_it->dump()));
-    }
-    if (begin > end) throw bad(fmt::format("'data_offsets' [{}, {}) begin after end", begin, end));
-    if (end > data_size) {
-      throw bad(fmt::format("offsets [{}, {}) out of range: data section is {} bytes", begin, end, data_size));
-    }
-
-    uint64_t needed = 0;
-    overflow = overflow || __builtin_mul_overflow(numel, static_cast<uint64_t>(dtype->size), &needed);
-    // A shape whose numel is zero needs zero bytes, even when another product overflowed.
-    const bool has_zero = std::find(info.shape.begin(), info.shape.end(), 0) != info.shape.end();
-    if (has_zero) {
-      needed = 0;
-      overflow = false;
-    }
-    if (overflow) {
-      throw bad(fmt::format("holds {} bytes but shape {} of {} needs more than 2^64 bytes", end - begin,
-                            shape_text(info.shape), dtype->name));
-    }
-    if (end - begin != needed) {
-      throw bad(fmt::format("holds {} bytes but shape {} of {} needs {}", end - begin, shape_text(info.shape),
-                            dtype->name, needed));
-    }
-
-    info.begin = data_start + begin;
-    info.end = data_start + end;
-    file->tensors_.push_back(std::move(info));
+    info.shape.push_back(static_cast<int64_t>(d));
+    overflow = overflow || __builtin_mul_overflow(numel, d, &numel);
   }
 
-  std::sort(file->tensors_.begin(), file->tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
+  const auto offsets_it = value.find("data_offsets");
+  if (offsets_it == value.end()) throw bad("missing 'data_offsets'");
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  if (!offsets_it->is_array() || offsets_it->size() != 2 || !as_u64((*offsets_it)[0], begin) ||
+      !as_u64((*offsets_it)[1], end)) {
+    throw bad(fmt::format("'data_offsets' {} is not an array of two non-negative integers", offsets_it->dump()));
+  }
+  if (begin > end) throw bad(fmt::format("'data_offsets' [{}, {}) begin after end", begin, end));
+  if (end > data_size) throw bad(fmt::format("offsets [{}, {}) out of range: data section is {} bytes", begin, end, data_size));
+
+  uint64_t needed = 0;
+  overflow = overflow || __builtin_mul_overflow(numel, static_cast<uint64_t>(dtype->size), &needed);
+  // A shape whose numel is zero needs zero bytes, even when another product overflowed.
+  if (std::find(info.shape.begin(), info.shape.end(), 0) != info.shape.end()) {
+    needed = 0;
+    overflow = false;
+  }
+  if (overflow) {
+    throw bad(fmt::format("holds {} bytes but shape {} of {} needs more than 2^64 bytes", end - begin,
+                          shape_text(info.shape), dtype->name));
+  }
+  if (end - begin != needed) {
+    throw bad(fmt::format("holds {} bytes but shape {} of {} needs {}", end - begin, shape_text(info.shape), dtype->name,
+                          needed));
+  }
+  info.begin = data_start + begin;
+  info.end = data_start + end;
+  return info;
+}
+
+// Sorts by position. Gaps are allowed; overlaps are not. Empty tensors occupy no bytes and overlap nothing.
+void sort_and_check_overlaps(const std::filesystem::path& path, std::vector<TensorInfo>& tensors, uint64_t data_start) {
+  std::sort(tensors.begin(), tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
     return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
   });
-  // Gaps are allowed; overlaps are not. Empty tensors occupy no bytes and overlap nothing.
   const TensorInfo* furthest = nullptr;  // the non-empty tensor reaching furthest so far
-  for (const auto& info : file->tensors_) {
+  for (const auto& info : tensors) {
     if (info.begin == info.end) continue;
     if (furthest != nullptr && furthest->end > info.begin) {
-      throw fail(fmt::format("tensor '{}': data [{}, {}) overlaps tensor '{}' at [{}, {})", info.name,
-                             info.begin - data_start, info.end - data_start, furthest->name,
-                             furthest->begin - data_start, furthest->end - data_start));
+      throw file_error(path, fmt::format("tensor '{}': data [{}, {}) overlaps tensor '{}' at [{}, {})", info.name,
+                                         info.begin - data_start, info.end - data_start, furthest->name,
+                                         furthest->begin - data_start, furthest->end - data_start));
     }
     if (furthest == nullptr || info.end > furthest->end) furthest = &info;
   }
+}
+
+}  // namespace
+
+std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::path& io,
+                                                       const std::filesystem::path& display) {
+  const auto& path = display.empty() ? io : display;
+  // The constructor is private, so make_shared is not available.
+  std::shared_ptr<SafetensorsFile> file(new SafetensorsFile());
+  file->path_ = path;
+  // From here on the destructor unmaps, also when validation throws.
+  std::tie(file->data_, file->size_) = map_file(io, path);
+  uint64_t data_start = 0;
+  const auto header = read_header(path, file->data_, file->size_, data_start);
+  for (const auto& [name, value] : header.items()) {
+    if (name == kMetadataKey) {
+      file->metadata_ = read_metadata(path, value);
+    } else {
+      file->tensors_.push_back(read_entry(path, name, value, data_start, file->size_ - data_start));
+    }
+  }
+  sort_and_check_overlaps(path, file->tensors_, data_start);
   for (size_t i = 0; i < file->tensors_.size(); ++i) file->index_.emplace(file->tensors_[i].name, i);
   return file;
 }
@@ -345,38 +353,13 @@ void save_safetensors(const std::filesystem::path& path,
   uint8_t length[8];
   for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(static_cast<uint64_t>(header_text.size()) >> (8 * i));
 
-  const std::string tmp = fmt::format("{}.tmp.{}", where, ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-  if (fd < 0) throw fail(fmt::format("cannot create '{}': {}", tmp, errno_text(errno)));
-  auto abandon = [&](int fd_to_close, const char* what, int err) {
-    if (fd_to_close >= 0) ::close(fd_to_close);
-    ::unlink(tmp.c_str());
-    return fail(fmt::format("cannot {} '{}': {}", what, tmp, errno_text(err)));
-  };
-
-  int err = write_all(fd, length, sizeof length);
-  if (err == 0) err = write_all(fd, header_text.data(), header_text.size());
-  for (size_t i = 0; err == 0 && i < contiguous.size(); ++i) {
-    const at::Tensor& c = contiguous[i];
-    if (c.numel() == 0) continue;
-    err = write_all(fd, c.data_ptr(), static_cast<size_t>(c.nbytes()));
+  AtomicFile out(path);
+  out.write(length, sizeof length);
+  out.write(header_text);
+  for (const auto& c : contiguous) {
+    if (c.numel() > 0) out.write(c.data_ptr(), static_cast<size_t>(c.nbytes()));
   }
-  if (err != 0) throw abandon(fd, "write", err);
-  if (::fsync(fd) != 0) throw abandon(fd, "flush", errno);
-  if (::close(fd) != 0) throw abandon(-1, "close", errno);
-  if (::rename(tmp.c_str(), where.c_str()) != 0) {
-    const int rename_err = errno;
-    ::unlink(tmp.c_str());
-    throw fail(fmt::format("cannot rename '{}' over it: {}", tmp, errno_text(rename_err)));
-  }
-  // Make the rename itself durable; failing to sync the directory is not worth an error.
-  std::filesystem::path dir = path.parent_path();
-  if (dir.empty()) dir = ".";
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    ::fsync(dir_fd);
-    ::close(dir_fd);
-  }
+  out.commit();
 }
 
 }  // namespace torchpatch::checkpoint

@@ -77,11 +77,13 @@ GenerationOutput generate(PretrainedModel& model, const at::Tensor& input_ids, c
   if (input_ids.size(0) == 0 || input_ids.size(1) == 0) throw InputError("input_ids: empty prompt");
   const int64_t batch = input_ids.size(0), prompt = input_ids.size(1);
   const auto& d = model.config().decoder;
-  if (prompt + config.max_new_tokens > d.max_positions()) {
+  int64_t positions = 0;  // checked: max_new_tokens may be anything a caller passes
+  const bool overflow = __builtin_add_overflow(prompt, config.max_new_tokens, &positions);
+  if (overflow || positions > d.max_positions()) {
     throw InputError(fmt::format("prompt of {} tokens + max_new_tokens {} = {} positions, more than the model supports "
-                                 "({}; max_position_embeddings {}, rope_type '{}')",
-                                 prompt, config.max_new_tokens, prompt + config.max_new_tokens, d.max_positions(),
-                                 d.max_position_embeddings, d.rope.rope_type));
+                                 "({})",
+                                 prompt, config.max_new_tokens, overflow ? "more than 2^63" : std::to_string(positions),
+                                 d.position_limit()));
   }
   at::Tensor mask = attention_mask;
   if (mask.defined()) {

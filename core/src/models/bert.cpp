@@ -286,11 +286,7 @@ ModelOutput BertModel::forward_impl(const ModelInputs& in) {
   const auto types = token_types(in, b.type_vocab_size);
   const auto positions = in.position_ids.defined() ? in.position_ids.to(at::kLong)
                                                    : at::arange(len, at::kLong).unsqueeze(0).expand({batch, len});
-  const int64_t longest = positions.max().item<int64_t>() + 1;
-  if (longest > d.max_position_embeddings) {
-    throw InputError(fmt::format("sequence of {} positions is longer than the model supports (max_position_embeddings {})",
-                                 longest, d.max_position_embeddings));
-  }
+  check_positions(positions, d, /*rotary=*/false);
 
   auto h = embeddings->forward(in.input_ids.to(at::kLong), types, positions);  // [B, T, H]
   const auto dtype = h.scalar_type();
@@ -333,8 +329,7 @@ BertLMPredictionHead::BertLMPredictionHead(const ModelConfig& config, const at::
   decoder = register_module("decoder", std::make_shared<torch::nn::Module>());
   decoder_weight = word_embeddings;
   if (!decoder_weight.defined()) {
-    decoder_weight = at::empty({d.vocab_size, d.hidden_size});
-    if (!nn::SkipInit::active()) nn::init_parameter(decoder_weight, /*is_bias=*/false, /*is_norm=*/false);
+    decoder_weight = nn::new_parameter({d.vocab_size, d.hidden_size});
   }
   decoder->register_parameter("weight", decoder_weight);
   bias = register_parameter("bias", at::zeros({d.vocab_size}));

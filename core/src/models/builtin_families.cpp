@@ -10,13 +10,18 @@
 
 namespace torchpatch {
 
+void add_builtin_families(FamilyRegistry& families) {
+  for (auto family : {llama::family(), mistral::family(), qwen2::family(), qwen2_moe::family(), qwen3_moe::family(),
+                      gemma::family(), gemma2::family(), bert::family()}) {
+    families.add(std::move(family));
+  }
+}
+
 FamilyRegistry& global_families() {
   static FamilyRegistry* registry = [] {
-    auto* families = new FamilyRegistry;  // never destroyed: plugin families' code outlives static teardown
-    for (auto family : {llama::family(), mistral::family(), qwen2::family(), qwen2_moe::family(), qwen3_moe::family(),
-                        gemma::family(), gemma2::family(), bert::family()}) {
-      families->add(std::move(family));
-    }
+    // Never destroyed: plugin families' code outlives static teardown.
+    auto* families = new FamilyRegistry(builtin_class_table(), global_recorder_table(), checkpoint::global_conversions());
+    add_builtin_families(*families);
     return families;
   }();
   return *registry;

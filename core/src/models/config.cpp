@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "torchpatch/error.h"
+#include "torchpatch/json_file.h"
 #include "torchpatch/models/family.h"
 
 namespace torchpatch {
@@ -269,11 +270,11 @@ ModelConfig parse_decoder_config(const json& j, const std::string& source, const
   return config;
 }
 
-ModelConfig ModelConfig::from_json(const json& j, const std::string& source) {
+ModelConfig ModelConfig::from_json(const json& j, const std::string& source, const FamilyRegistry* families) {
   if (!j.is_object()) throw ConfigError(fmt::format("{}: expected a JSON object", source));
   FieldReader f(j, source);
   if (!f.has("model_type")) throw ConfigError(fmt::format("{}: missing required field 'model_type'", source));
-  const auto family = family_of(f.string("model_type", ""), source);
+  const auto family = family_of(f.string("model_type", ""), source, families ? *families : global_families());
   return family->parse_config(j, source);
 }
 
@@ -284,7 +285,10 @@ bool MoeConfig::is_sparse_layer(int64_t layer_idx) const {
 
 int64_t DecoderConfig::max_positions() const {
   const auto scaled = [](int64_t length, double factor) {
-    return static_cast<int64_t>(static_cast<double>(length) * factor);
+    const double positions = static_cast<double>(length) * factor;
+    // Saturates: a factor too large for int64 positions means no limit a sequence can reach.
+    constexpr double kInt64Bound = 9.2e18;
+    return positions >= kInt64Bound ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(positions);
   };
   const auto type = rope.kind;
   if (type == nn::RopeKind::kDynamic) return std::numeric_limits<int64_t>::max();  // NTK scaling follows any length
@@ -295,22 +299,29 @@ int64_t DecoderConfig::max_positions() const {
   return max_position_embeddings;
 }
 
-ModelConfig ModelConfig::from_file(const std::filesystem::path& path) {
-  if (!std::filesystem::exists(path)) throw ConfigError(fmt::format("{}: no such file or directory", path.string()));
-  const auto file = std::filesystem::is_directory(path) ? path / "config.json" : path;
-  std::ifstream in(file);
-  if (!in) {
-    throw ConfigError(fmt::format("{}: cannot open config file (a checkpoint directory holds config.json and "
+std::string DecoderConfig::position_limit(bool rotary) const {
+  if (!rotary) return fmt::format("max_position_embeddings {}", max_position_embeddings);
+  const bool stretched = rope.kind == nn::RopeKind::kLinear || rope.kind == nn::RopeKind::kDynamic;
+  return fmt::format("{}: max_position_embeddings {}{}", max_positions(), max_position_embeddings,
+                     stretched ? fmt::format(" x rope factor {}", rope.factor)
+                               : ", and rope_type '" + rope.rope_type + "' does not stretch it");
+}
+
+ModelConfig ModelConfig::from_file(const std::filesystem::path& path, const FamilyRegistry* families,
+                                   const std::string& source) {
+  if (path.empty()) throw ConfigError("model path is empty (give a checkpoint directory)");
+  if (source.empty() && !path_exists(path)) throw ConfigError(fmt::format("{}: no such file or directory", path.string()));
+  // A directory given directly is a checkpoint directory; a named file is read as it is (a directory
+  // there is refused as one).
+  const auto file = source.empty() && std::filesystem::is_directory(path) ? path / "config.json" : path;
+  const std::string name = source.empty() ? file.string() : source;
+  if (!path_exists(file)) {
+    throw ConfigError(fmt::format("{}: no config file (a checkpoint directory holds config.json and "
                                   "model.safetensors)",
-                                  file.string()));
+                                  name));
   }
-  json j;
-  try {
-    in >> j;
-  } catch (const json::exception& e) {
-    throw ConfigError(fmt::format("{}: not valid JSON: {}", file.string(), e.what()));
-  }
-  return from_json(j, file.string());
+  const auto j = read_json_file(file, [](const std::string& message) { throw ConfigError(message); }, {}, name);
+  return from_json(j, name, families);
 }
 
 json ModelConfig::to_json() const {

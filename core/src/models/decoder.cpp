@@ -53,15 +53,12 @@ void validate_decoder_inputs(const ModelInputs& in, int64_t vocab_size, int64_t 
   }
 }
 
-void check_positions(const at::Tensor& position_ids, const DecoderConfig& config) {
+void check_positions(const at::Tensor& position_ids, const DecoderConfig& config, bool rotary) {
   const int64_t longest = position_ids.max().item<int64_t>() + 1;
-  if (longest > config.max_positions()) {
-    throw InputError(fmt::format(
-        "sequence of {} positions is longer than the model supports ({}: max_position_embeddings {}{})", longest,
-        config.max_positions(), config.max_position_embeddings,
-        config.rope.kind == nn::RopeKind::kLinear || config.rope.kind == nn::RopeKind::kDynamic
-            ? fmt::format(" x rope factor {}", config.rope.factor)
-            : std::string(", and rope_type '" + config.rope.rope_type + "' does not stretch it")));
+  const int64_t limit = rotary ? config.max_positions() : config.max_position_embeddings;
+  if (longest > limit) {
+    throw InputError(fmt::format("sequence of {} positions is longer than the model supports ({})", longest,
+                                 config.position_limit(rotary)));
   }
 }
 
@@ -126,8 +123,7 @@ ModelOutput DecoderModel::forward_impl(const ModelInputs& in) {
 }
 
 LmHead::LmHead(int64_t hidden_size, int64_t vocab_size) {
-  weight = register_parameter("weight", at::empty({vocab_size, hidden_size}));
-  if (!nn::SkipInit::active()) nn::init_parameter(weight, /*is_bias=*/false, /*is_norm=*/false);
+  weight = register_parameter("weight", nn::new_parameter({vocab_size, hidden_size}));
 }
 
 LmHead::LmHead(const at::Tensor& tied_weight) { weight = register_parameter("weight", tied_weight); }

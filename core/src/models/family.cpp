@@ -23,25 +23,17 @@ void FamilyRegistry::add(Family family) {
                             it->second->origin.describe(), family.origin.describe()));
   }
   // Patch points first: a clash there leaves nothing else registered.
-  auto& classes = builtin_class_table();
-  for (auto cls : family.patch_points) {
-    cls.origin = family.origin;
-    if (auto held = classes.find(cls.name); held && held->origin.plugin != cls.origin.plugin) {
-      throw PatchError(fmt::format("family '{}' from {}: patch point '{}' is already defined by {}", family.model_type,
-                                   family.origin.describe(), cls.name, held->origin.describe()));
+  for (auto& cls : family.patch_points) cls.origin = family.origin;
+  for (const auto& cls : family.patch_points) {
+    if (auto clash = classes_.clash(cls)) {
+      throw PatchError(fmt::format("family '{}' from {}: {}", family.model_type, family.origin.describe(), *clash));
     }
   }
-  for (auto cls : family.patch_points) {
-    cls.origin = family.origin;
-    classes.add(cls);
-  }
+  for (const auto& cls : family.patch_points) classes_.add(cls);
   for (const auto& [model_class, named] : family.recorders) {
-    for (const auto& [name, recorder] : named) register_output_recorder(model_class, name, recorder);
+    for (const auto& [name, recorder] : named) recorders_.add(model_class, name, recorder);
   }
-  if (family.conversions) {
-    checkpoint::register_checkpoint_conversion_mapping(family.model_type, family.conversions, /*overwrite=*/true,
-                                                       family.origin);
-  }
+  if (family.conversions) conversions_.add(family.model_type, family.conversions, /*overwrite=*/true, family.origin);
   const std::string model_type = family.model_type;
   families_.emplace(model_type, std::make_shared<const Family>(std::move(family)));
 }
@@ -59,16 +51,20 @@ std::vector<std::shared_ptr<const Family>> FamilyRegistry::all() const {
   return out;
 }
 
-std::shared_ptr<const Family> family_of(const std::string& model_type, const std::string& source) {
-  if (auto family = global_families().find(model_type)) return family;
-  throw ConfigError(fmt::format("{}: model_type '{}' is not supported (supported: {})", source, model_type,
-                                fmt::join(supported_model_types(), ", ")));
-}
-
-std::vector<std::string> supported_model_types() {
+std::vector<std::string> FamilyRegistry::model_types() const {
+  std::lock_guard<std::mutex> lock(mutex_);
   std::vector<std::string> types;
-  for (const auto& family : global_families().all()) types.push_back(family->model_type);
+  for (const auto& [type, family] : families_) types.push_back(type);
   return types;
 }
+
+std::shared_ptr<const Family> family_of(const std::string& model_type, const std::string& source,
+                                        const FamilyRegistry& families) {
+  if (auto family = families.find(model_type)) return family;
+  throw ConfigError(fmt::format("{}: model_type '{}' is not supported (supported: {})", source, model_type,
+                                fmt::join(families.model_types(), ", ")));
+}
+
+std::vector<std::string> supported_model_types() { return global_families().model_types(); }
 
 }  // namespace torchpatch

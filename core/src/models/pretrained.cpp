@@ -1,11 +1,12 @@
 #include "torchpatch/models/pretrained.h"
 
 #include "torchpatch/patching/outputs.h"
+#include "torchpatch/patching/scope.h"
 
 namespace torchpatch {
 
 PretrainedModel::PretrainedModel(ModelConfig config, std::string class_name)
-    : config_(std::move(config)), class_name_(std::move(class_name)) {}
+    : config_(std::move(config)), class_name_(std::move(class_name)), recorders_(active_patch_tables().recorders) {}
 
 PretrainedModel::~PretrainedModel() = default;
 
@@ -28,7 +29,7 @@ ModelOutput PretrainedModel::forward(const ModelInputs& inputs) {
     complete(inputs, out);
     return out;
   }
-  CaptureOutputs capture(class_name(), names);  // recorders are looked up by this class, the outer one
+  CaptureOutputs capture(class_name(), names, *recorders_);  // recorders are looked up by this class, the outer one
   ModelInputs inner = inputs;
   inner.outputs.clear();
   auto out = forward_impl(inner);

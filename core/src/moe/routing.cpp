@@ -1,13 +1,14 @@
 #include "torchpatch/moe/routing.h"
 
 #include <cstring>
+#include <functional>
 #include <fstream>
-#include <regex>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
 #include "torchpatch/error.h"
+#include "torchpatch/json_file.h"
 #include "torchpatch/patching/roles.h"
 
 namespace torchpatch {
@@ -70,6 +71,16 @@ std::vector<at::Tensor> routes_from_array(const at::Tensor& routed) {
   if (routed.dim() != 3) {
     throw InputError(fmt::format("routed_experts: expected [tokens, layers, top_k], got {} dims", routed.dim()));
   }
+  // A model has at most a few hundred MoE layers; a file claiming more is not a routing record (and
+  // one tensor per claimed layer would be allocated before the model could say so).
+  constexpr int64_t kMaxLayers = 4096;
+  if (routed.size(1) > kMaxLayers) {
+    throw InputError(fmt::format("routed_experts: {} layers (shape [{}]); at most {} are read", routed.size(1),
+                                 fmt::join(routed.sizes(), ", "), kMaxLayers));
+  }
+  if (routed.is_floating_point() && !at::equal(routed, routed.round())) {
+    throw InputError("routed_experts: expert indices must be integers, the array holds fractions");
+  }
   std::vector<at::Tensor> per_layer;
   for (int64_t l = 0; l < routed.size(1); ++l) per_layer.push_back(routed.select(1, l).to(at::kLong).contiguous());
   return per_layer;
@@ -118,52 +129,103 @@ void save_npy(const std::filesystem::path& path, const at::Tensor& tensor) {
   if (!out) throw InputError(fmt::format("{}: write failed", path.string()));
 }
 
-at::Tensor load_npy(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(fmt::format("{}: cannot open", path.string()));
-  auto fail = [&](const std::string& why) { return InputError(fmt::format("{}: not a readable .npy file: {}", path.string(), why)); };
-  char magic[6];
-  unsigned char version[2];
-  if (!in.read(magic, 6) || std::memcmp(magic, kMagic, 6) != 0) throw fail("no \\x93NUMPY magic");
-  if (!in.read(reinterpret_cast<char*>(version), 2)) throw fail("truncated header");
-  uint32_t length = 0;
-  if (version[0] == 1) {
-    unsigned char b[2];
-    if (!in.read(reinterpret_cast<char*>(b), 2)) throw fail("truncated header");
-    length = b[0] | (b[1] << 8);
-  } else if (version[0] == 2 || version[0] == 3) {
-    unsigned char b[4];
-    if (!in.read(reinterpret_cast<char*>(b), 4)) throw fail("truncated header");
-    length = b[0] | (b[1] << 8) | (b[2] << 16) | (static_cast<uint32_t>(b[3]) << 24);
-  } else {
-    throw fail(fmt::format("format version {}.{}", version[0], version[1]));
+namespace {
+
+// The value of `'key': ` in a .npy header dict, up to (not including) the next top-level ',' or '}'
+// (a tuple's commas are inside its parentheses). Empty when absent. A plain scan: no regex, no recursion.
+std::string header_field(const std::string& header, const std::string& key) {
+  const auto at = header.find("'" + key + "'");
+  if (at == std::string::npos) return {};
+  auto pos = header.find(':', at);
+  if (pos == std::string::npos) return {};
+  std::size_t end = ++pos;
+  int parens = 0;
+  for (; end < header.size(); ++end) {
+    const char c = header[end];
+    if (c == '(') ++parens;
+    else if (c == ')') --parens;
+    else if (parens == 0 && (c == ',' || c == '}')) break;
   }
-  if (length > (1u << 20)) throw fail("header too long");
-  std::string header(length, '\0');
-  if (!in.read(header.data(), length)) throw fail("truncated header");
-  std::smatch m;
-  if (!std::regex_search(header, m, std::regex(R"('descr':\s*'([<>|=]?)([a-z]\d+)')"))) throw fail("no descr");
-  if (m[1].str() == ">") throw fail("big-endian data");
-  const std::string descr = "<" + m[2].str();  // '=' (native) is little-endian here
-  c10::ScalarType type;
-  if (descr == "<i4") type = at::kInt;
-  else if (descr == "<i8") type = at::kLong;
-  else if (descr == "<f4") type = at::kFloat;
-  else if (descr == "<f8") type = at::kDouble;
-  else throw fail(fmt::format("dtype '{}' (int32, int64, float32, float64 are read)", m[1].str() + m[2].str()));
-  if (header.find("'fortran_order': False") == std::string::npos) throw fail("Fortran order is not supported");
-  if (!std::regex_search(header, m, std::regex(R"('shape':\s*\(([^)]*)\))"))) throw fail("no shape");
+  const auto first = header.find_first_not_of(' ', pos);
+  const auto last = header.find_last_not_of(' ', end - 1);
+  return first == std::string::npos || first > last ? std::string() : header.substr(first, last - first + 1);
+}
+
+// "(3, 4)" -> {3, 4}; "()" -> {}; "(3,)" -> {3}. Digits only: a sign or anything else is an error.
+std::vector<int64_t> parse_shape(const std::string& tuple, const std::function<InputError(const std::string&)>& fail) {
+  if (tuple.size() < 2 || tuple.front() != '(' || tuple.back() != ')') throw fail("shape is not a tuple");
   std::vector<int64_t> shape;
-  const std::string dims = m[1].str();
-  const std::regex number(R"(\d+)");
-  for (std::sregex_iterator it(dims.begin(), dims.end(), number), end; it != end; ++it) {
-    shape.push_back(std::stoll(it->str()));
+  std::string digits;
+  auto flush = [&] {
+    if (digits.empty()) return;
+    if (digits.size() > 18) throw fail(fmt::format("dimension {} is too large", digits));
+    shape.push_back(std::stoll(digits));
+    digits.clear();
+  };
+  for (std::size_t i = 1; i + 1 < tuple.size(); ++i) {
+    const char c = tuple[i];
+    if (c >= '0' && c <= '9') {
+      digits += c;
+    } else if (c == ',' || c == ' ') {
+      if (c == ',' && digits.empty()) throw fail(fmt::format("shape {} has an empty dimension", tuple));
+      flush();
+    } else {
+      throw fail(fmt::format("shape {} holds '{}', not a non-negative integer", tuple, c));
+    }
+  }
+  flush();
+  return shape;
+}
+
+}  // namespace
+
+at::Tensor load_npy(const std::filesystem::path& path) {
+  auto fail = [&](const std::string& why) { return InputError(fmt::format("{}: not a readable .npy file: {}", path.string(), why)); };
+  // Whole, and only a regular file (a FIFO is refused, not waited on).
+  const std::string bytes = read_regular_file(path, std::uint64_t{1} << 32, [](const std::string& m) { throw InputError(m); });
+  if (bytes.size() < 10 || std::memcmp(bytes.data(), kMagic, 6) != 0) throw fail("no \\x93NUMPY magic");
+  const auto byte = [&](std::size_t i) { return static_cast<uint32_t>(static_cast<unsigned char>(bytes[i])); };
+  std::size_t start = 0;
+  uint32_t length = 0;
+  if (byte(6) == 1) {
+    length = byte(8) | (byte(9) << 8);
+    start = 10;
+  } else if ((byte(6) == 2 || byte(6) == 3) && bytes.size() >= 12) {
+    length = byte(8) | (byte(9) << 8) | (byte(10) << 16) | (byte(11) << 24);
+    start = 12;
+  } else {
+    throw fail(fmt::format("format version {}.{}", byte(6), byte(7)));
+  }
+  if (length > (1u << 16)) throw fail(fmt::format("header of {} bytes (at most 65536 are read)", length));
+  if (start + length > bytes.size()) throw fail("truncated header");
+  const std::string header = bytes.substr(start, length);
+
+  const std::string descr = header_field(header, "descr");
+  if (descr.size() < 4 || descr.front() != '\'' || descr.back() != '\'') throw fail("no descr");
+  const std::string code = descr.substr(1, descr.size() - 2);
+  if (code.front() == '>') throw fail("big-endian data");
+  const std::string little = code.front() == '<' || code.front() == '=' || code.front() == '|' ? code.substr(1) : code;
+  c10::ScalarType type;
+  if (little == "i4") type = at::kInt;
+  else if (little == "i8") type = at::kLong;
+  else if (little == "f4") type = at::kFloat;
+  else if (little == "f8") type = at::kDouble;
+  else throw fail(fmt::format("dtype '{}' (int32, int64, float32, float64 are read)", code));
+  if (header_field(header, "fortran_order") != "False") throw fail("Fortran order is not supported");
+  const auto shape = parse_shape(header_field(header, "shape"), fail);
+
+  // The data must be there before anything is allocated for it.
+  uint64_t needed = c10::elementSize(type);
+  for (const int64_t d : shape) {
+    if (__builtin_mul_overflow(needed, static_cast<uint64_t>(d), &needed)) throw fail("shape needs more than 2^64 bytes");
+  }
+  const uint64_t available = bytes.size() - start - length;
+  if (needed != available) {
+    throw fail(fmt::format("shape ({}) of {} needs {} bytes of data, the file holds {}", fmt::join(shape, ", "), code,
+                           needed, available));
   }
   auto tensor = at::empty(shape, at::TensorOptions().dtype(type));
-  const auto bytes = static_cast<std::streamsize>(tensor.numel() * tensor.element_size());
-  if (!in.read(static_cast<char*>(tensor.data_ptr()), bytes)) {
-    throw fail(fmt::format("data ends early (expected {} bytes)", bytes));
-  }
+  if (needed > 0) std::memcpy(tensor.data_ptr(), bytes.data() + start + length, needed);
   return tensor;
 }
 

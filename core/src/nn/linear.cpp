@@ -10,13 +10,13 @@ namespace torchpatch::nn {
 
 namespace {
 thread_local int skip_init_depth = 0;
+}  // namespace
 
-at::Tensor new_parameter(at::IntArrayRef sizes, bool is_bias) {
+at::Tensor new_parameter(at::IntArrayRef sizes, bool is_bias, double std) {
   at::Tensor t = at::empty(sizes);
-  if (!SkipInit::active()) init_parameter(t, is_bias, /*is_norm=*/false);
+  if (!SkipInit::active()) init_parameter(t, is_bias, /*is_norm=*/false, std);
   return t;
 }
-}  // namespace
 
 SkipInit::SkipInit() { ++skip_init_depth; }
 SkipInit::~SkipInit() { --skip_init_depth; }

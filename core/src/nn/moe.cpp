@@ -9,9 +9,7 @@ namespace torchpatch::nn {
 
 namespace {
 at::Tensor new_weight(at::IntArrayRef sizes, int64_t fan_in) {
-  auto t = at::empty(sizes);
-  if (!SkipInit::active()) init_parameter(t, false, false, 1.0 / std::sqrt(static_cast<double>(fan_in)));
-  return t;
+  return new_parameter(sizes, /*is_bias=*/false, 1.0 / std::sqrt(static_cast<double>(fan_in)));
 }
 }  // namespace
 

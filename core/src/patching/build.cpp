@@ -16,9 +16,9 @@ std::string Origin::describe() const {
   return fmt::format("plugin {} {} ({})", plugin, version, file);
 }
 
-std::map<std::string, ModuleClass> builtin_classes() { return builtin_class_table().all(); }
+std::map<std::string, ModuleClass> builtin_classes() { return active_patch_tables().classes->all(); }
 
-std::string patch_point_role(const std::string& key) { return builtin_class_table().role_of(key); }
+std::string patch_point_role(const std::string& key) { return active_patch_tables().classes->role_of(key); }
 
 BuildContext BuildContext::child(const std::string& name, nlohmann::json child_args) const {
   return BuildContext{config, layer_idx, path.empty() ? name : path + "." + name, std::move(child_args)};
@@ -82,7 +82,8 @@ std::shared_ptr<PatchableModule> build_module(const std::string& key, const char
                                               const BuildContext& ctx) {
   const ModuleClass* cls = nullptr;
   std::string rule = "builtin";
-  if (auto* scope = active_patch_scope()) {
+  auto* scope = active_patch_scope();
+  if (scope) {
     if (auto match = scope->mapping.find(key)) {
       cls = &match->entry->cls;
       rule = match->rule();
@@ -100,7 +101,7 @@ std::shared_ptr<PatchableModule> build_module(const std::string& key, const char
   }
   std::optional<ModuleClass> builtin;
   if (!cls) {
-    builtin = builtin_class_table().find(key);
+    builtin = (scope ? *scope->tables.classes : builtin_class_table()).find(key);
     if (!builtin) {
       throw PatchError(fmt::format("patch point '{}' at {}: no built-in class and no replacement", key,
                                    ctx.path));

@@ -11,12 +11,25 @@ void ClassTable::add(const ModuleClass& cls) {
     throw PatchError(fmt::format("built-in class '{}': needs a name and a factory", cls.name));
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  auto [it, inserted] = classes_.emplace(cls.name, cls);
-  if (inserted) return;
+  if (auto why = clash_locked(cls)) throw PatchError(*why);
+  classes_.emplace(cls.name, cls);
+}
+
+std::optional<std::string> ClassTable::clash(const ModuleClass& cls) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return clash_locked(cls);
+}
+
+std::optional<std::string> ClassTable::clash_locked(const ModuleClass& cls) const {
+  auto it = classes_.find(cls.name);
+  if (it == classes_.end()) return std::nullopt;
   const auto& held = it->second;
-  if (held.role == cls.role && held.origin.plugin == cls.origin.plugin && held.origin.file == cls.origin.file) return;
-  throw PatchError(fmt::format("patch point '{}' is already defined by {} (role {}); {} cannot define it again",
-                               cls.name, held.origin.describe(), held.role, cls.origin.describe()));
+  // The same class again (a family registered twice from one place) is no clash.
+  if (held.role == cls.role && held.origin.plugin == cls.origin.plugin && held.origin.file == cls.origin.file) {
+    return std::nullopt;
+  }
+  return fmt::format("patch point '{}' is already defined by {} (role {}); {} cannot define it again", cls.name,
+                     held.origin.describe(), held.role, cls.origin.describe());
 }
 
 std::optional<ModuleClass> ClassTable::find(const std::string& key) const {

@@ -10,17 +10,6 @@ namespace torchpatch {
 
 namespace {
 
-std::mutex& recorders_mutex() {
-  static std::mutex mutex;
-  return mutex;
-}
-
-// Recorders by model class, then by output name. Families register theirs when they are registered.
-std::map<std::string, std::map<std::string, OutputRecorder>>& recorders() {
-  static std::map<std::string, std::map<std::string, OutputRecorder>> all;
-  return all;
-}
-
 thread_local CaptureOutputs::State* active_capture = nullptr;
 
 }  // namespace
@@ -31,31 +20,47 @@ struct CaptureOutputs::State {
   State* outer = nullptr;
 };
 
-void register_output_recorder(const std::string& model_class, const std::string& name, const OutputRecorder& recorder) {
+void RecorderTable::add(const std::string& model_class, const std::string& name, const OutputRecorder& recorder) {
   if (name.empty() || recorder.target.empty() || recorder.index < 0) {
     throw Error(fmt::format("output recorder '{}' for {}: needs a name, a target class and an index >= 0 (got "
                             "target '{}', index {})",
                             name, model_class, recorder.target, recorder.index));
   }
-  std::lock_guard<std::mutex> lock(recorders_mutex());
-  recorders()[model_class][name] = recorder;
+  std::lock_guard<std::mutex> lock(mutex_);
+  recorders_[model_class][name] = recorder;
 }
 
+bool RecorderTable::remove(const std::string& model_class, const std::string& name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = recorders_.find(model_class);
+  return it != recorders_.end() && it->second.erase(name) > 0;
+}
+
+std::map<std::string, OutputRecorder> RecorderTable::of(const std::string& model_class) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = recorders_.find(model_class);
+  return it == recorders_.end() ? std::map<std::string, OutputRecorder>() : it->second;
+}
+
+RecorderTable& global_recorder_table() {
+  static RecorderTable table;
+  return table;
+}
+
+void register_output_recorder(const std::string& model_class, const std::string& name, const OutputRecorder& recorder) {
+  global_recorder_table().add(model_class, name, recorder);
+}
 bool unregister_output_recorder(const std::string& model_class, const std::string& name) {
-  std::lock_guard<std::mutex> lock(recorders_mutex());
-  auto it = recorders().find(model_class);
-  return it != recorders().end() && it->second.erase(name) > 0;
+  return global_recorder_table().remove(model_class, name);
 }
-
 std::map<std::string, OutputRecorder> output_recorders(const std::string& model_class) {
-  std::lock_guard<std::mutex> lock(recorders_mutex());
-  auto it = recorders().find(model_class);
-  return it == recorders().end() ? std::map<std::string, OutputRecorder>() : it->second;
+  return global_recorder_table().of(model_class);
 }
 
-CaptureOutputs::CaptureOutputs(const std::string& model_class, const std::vector<std::string>& names)
+CaptureOutputs::CaptureOutputs(const std::string& model_class, const std::vector<std::string>& names,
+                               const RecorderTable& recorders)
     : state_(std::make_unique<State>()) {
-  const auto known = output_recorders(model_class);
+  const auto known = recorders.of(model_class);
   for (const auto& name : names) {
     auto it = known.find(name);
     if (it == known.end()) {

@@ -1,5 +1,7 @@
 #include "torchpatch/patching/registry.h"
 
+#include <algorithm>
+#include <atomic>
 #include <set>
 
 #include <boost/regex.hpp>
@@ -7,6 +9,7 @@
 
 #include "torchpatch/error.h"
 #include "torchpatch/patching/build.h"
+#include "torchpatch/patching/class_table.h"
 
 namespace torchpatch {
 
@@ -28,7 +31,7 @@ std::shared_ptr<const PatchMapping::CompiledPattern> compile_pattern(const std::
   }
 }
 
-void validate_entry(const std::string& key, const ModuleClass& cls) {
+void validate_entry(const std::string& key, const ModuleClass& cls, const ClassTable* classes) {
   if (key.empty()) throw PatchError("Patch mapping key must not be empty");
   if (!cls.factory) {
     throw PatchError(fmt::format("Replacement for '{}' must be a class, got a null factory{}", key,
@@ -37,7 +40,7 @@ void validate_entry(const std::string& key, const ModuleClass& cls) {
   if (cls.role.empty()) {
     throw PatchError(fmt::format("Replacement class '{}' for '{}' declares no role", cls.name, key));
   }
-  const std::string expected = patch_point_role(key);
+  const std::string expected = classes ? classes->role_of(key) : patch_point_role(key);
   if (!expected.empty() && expected != cls.role) {
     throw PatchError(fmt::format(
         "Replacement class '{}' for '{}' has role {}, but '{}' is a patch point of role {}", cls.name,
@@ -58,7 +61,9 @@ PatchMapping& PatchMapping::operator=(const PatchMapping&) = default;
 PatchMapping::PatchMapping(PatchMapping&&) noexcept = default;
 PatchMapping& PatchMapping::operator=(PatchMapping&&) noexcept = default;
 
-PatchMapping::PatchMapping(const Items& items, bool overwrite) { insert(items, overwrite); }
+PatchMapping::PatchMapping(const Items& items, bool overwrite, const ClassTable* classes) {
+  insert(items, overwrite, classes);
+}
 
 const ModuleClass* PatchMapping::get(const std::string& key) const {
   for (const auto& entry : entries_) {
@@ -78,12 +83,12 @@ std::optional<PatchMapping::Match> PatchMapping::find(const std::string& class_n
   return std::nullopt;
 }
 
-void PatchMapping::insert(const Items& items, bool overwrite) {
+void PatchMapping::insert(const Items& items, bool overwrite, const ClassTable* classes) {
   // Validate everything against a working copy first: all or nothing.
   std::vector<Entry> entries = entries_;
   auto patterns = patterns_;
   for (const auto& [key, cls] : items) {
-    validate_entry(key, cls);
+    validate_entry(key, cls, classes);
     auto compiled = compile_pattern(key);
     auto it = std::find_if(entries.begin(), entries.end(), [&](const Entry& e) { return e.key == key; });
     if (it != entries.end()) {
@@ -131,17 +136,20 @@ void PatchMapping::clear() {
 
 void PatchRegistry::register_patch_mapping(const PatchMapping::Items& mapping, bool overwrite) {
   std::lock_guard<std::mutex> lock(mutex_);
-  mapping_.insert(mapping, overwrite);
+  mapping_.insert(mapping, overwrite, classes_.get());
+  for (const auto& item : mapping) scoped_.erase(item.first);  // the plain registration wins over scopes
 }
 
 void PatchRegistry::unregister_patch_mapping(const std::vector<std::string>& keys) {
   std::lock_guard<std::mutex> lock(mutex_);
   mapping_.erase(keys);
+  for (const auto& key : keys) scoped_.erase(key);
 }
 
 void PatchRegistry::clear_patch_mapping() {
   std::lock_guard<std::mutex> lock(mutex_);
   mapping_.clear();
+  scoped_.clear();
 }
 
 PatchMapping PatchRegistry::get_patch_mapping() const {
@@ -163,31 +171,56 @@ void unregister_patch_mapping(const std::vector<std::string>& keys) {
 void clear_patch_mapping() { global_registry().clear_patch_mapping(); }
 PatchMapping get_patch_mapping() { return global_registry().get_patch_mapping(); }
 
-ScopedPatchMapping::ScopedPatchMapping(PatchMapping::Items mapping, bool overwrite,
-                                       PatchRegistry& registry)
-    : registry_(registry) {
-  const PatchMapping before = registry_.get_patch_mapping();
-  registry_.register_patch_mapping(mapping, overwrite);
-  for (auto& item : mapping) {
-    if (const ModuleClass* previous = before.get(item.first)) replaced_.emplace_back(item.first, *previous);
+void PatchRegistry::push_scoped(std::uint64_t owner, const PatchMapping::Items& mapping, bool overwrite) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const PatchMapping before = mapping_;
+  mapping_.insert(mapping, overwrite, classes_.get());  // validates; throws before anything changed
+  for (const auto& [key, cls] : mapping) {
+    auto [it, fresh] = scoped_.try_emplace(key);
+    if (fresh) {
+      if (const ModuleClass* held = before.get(key)) it->second.below = *held;
+    }
+    it->second.layers.push_back({owner, cls});
   }
-  registered_ = std::move(mapping);
+}
+
+void PatchRegistry::pop_scoped(std::uint64_t owner) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = scoped_.begin(); it != scoped_.end();) {
+    auto& layers = it->second.layers;
+    const auto mine = std::find_if(layers.begin(), layers.end(), [&](const Layer& l) { return l.owner == owner; });
+    if (mine == layers.end()) {
+      ++it;
+      continue;
+    }
+    const bool on_top = mine + 1 == layers.end();
+    layers.erase(mine);
+    if (on_top) {
+      const std::optional<ModuleClass> next = layers.empty() ? it->second.below : layers.back().cls;
+      if (next) {
+        mapping_.insert({{it->first, *next}}, /*overwrite=*/true, classes_.get());
+      } else if (mapping_.contains(it->first)) {
+        mapping_.erase({it->first});
+      }
+    }
+    it = layers.empty() ? scoped_.erase(it) : std::next(it);
+  }
+}
+
+namespace {
+std::atomic<std::uint64_t> next_scope_owner{1};
+}  // namespace
+
+ScopedPatchMapping::ScopedPatchMapping(PatchMapping::Items mapping, bool overwrite, PatchRegistry& registry)
+    : registry_(registry), owner_(next_scope_owner++) {
+  registry_.push_scoped(owner_, mapping, overwrite);
 }
 
 ScopedPatchMapping::~ScopedPatchMapping() {
-  // Take out what this guard added (if nobody else removed it already), then put back what it replaced.
-  const PatchMapping now = registry_.get_patch_mapping();
-  std::vector<std::string> keys;
-  for (const auto& item : registered_) {
-    const bool was_replacement = std::any_of(replaced_.begin(), replaced_.end(),
-                                             [&](const auto& r) { return r.first == item.first; });
-    if (!was_replacement && now.contains(item.first)) keys.push_back(item.first);
-  }
   try {
-    if (!keys.empty()) registry_.unregister_patch_mapping(keys);
-    if (!replaced_.empty()) registry_.register_patch_mapping(replaced_, /*overwrite=*/true);
+    registry_.pop_scoped(owner_);
   } catch (...) {
-    // A destructor must not throw; the registry is left as the concurrent change made it.
+    // A destructor must not throw; nothing in pop_scoped is expected to.
   }
 }
 

@@ -2,6 +2,10 @@
 
 #include <mutex>
 
+#include "torchpatch/error.h"
+
+#include "torchpatch/patching/class_table.h"
+#include "torchpatch/patching/outputs.h"
 #include "patching/scope_state.h"
 
 namespace torchpatch {
@@ -11,10 +15,20 @@ namespace {
 thread_local std::vector<std::shared_ptr<ApplyPatches::State>> scope_stack;
 }  // namespace
 
+PatchTables PatchTables::global() {
+  // Aliases of function-local statics: they live until exit, so nothing is owned here.
+  return {std::shared_ptr<const ClassTable>(std::shared_ptr<void>(), &builtin_class_table()),
+          std::shared_ptr<const RecorderTable>(std::shared_ptr<void>(), &global_recorder_table())};
+}
+
 ApplyPatches::ApplyPatches() : ApplyPatches(get_patch_mapping()) {}
 
-ApplyPatches::ApplyPatches(PatchMapping mapping) : state_(std::make_shared<State>()) {
+ApplyPatches::ApplyPatches(PatchMapping mapping) : ApplyPatches(std::move(mapping), active_patch_tables()) {}
+
+ApplyPatches::ApplyPatches(PatchMapping mapping, PatchTables tables) : state_(std::make_shared<State>()) {
+  if (!tables.classes || !tables.recorders) throw Error("ApplyPatches: the class and recorder tables must be given");
   state_->mapping = std::move(mapping);
+  state_->tables = std::move(tables);
   state_->hits.assign(state_->mapping.size(), 0);
   scope_stack.push_back(state_);
 }
@@ -43,6 +57,11 @@ std::vector<std::string> ApplyPatches::unmatched_keys() const {
 namespace detail {
 ApplyPatches::State* active_patch_scope() { return scope_stack.empty() ? nullptr : scope_stack.back().get(); }
 }  // namespace detail
+
+PatchTables active_patch_tables() {
+  auto* state = detail::active_patch_scope();
+  return state ? state->tables : PatchTables::global();
+}
 
 const PatchMapping* active_patch_mapping() {
   auto* state = detail::active_patch_scope();

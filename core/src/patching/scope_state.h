@@ -10,6 +10,7 @@ namespace torchpatch {
 
 struct ApplyPatches::State {
   PatchMapping mapping;
+  PatchTables tables;
   std::mutex mutex;        // guards hits
   std::vector<int> hits;   // per mapping entry: patch points it matched
 };

@@ -14,42 +14,53 @@
 
 namespace torchpatch {
 
-std::shared_ptr<PretrainedModel> construct_model(const ModelConfig& config) {
-  const auto family = family_of(config.model_type, "config");
+std::shared_ptr<PretrainedModel> construct_model(const ModelConfig& config, const Registries& registries) {
+  const auto family = family_of(config.model_type, "config", registries.families());
   std::string cls = family->default_class;
   const auto& arch = config.raw.find("architectures");
   if (arch != config.raw.end() && arch->is_array() && !arch->empty() && arch->front().is_string()) {
     const auto name = arch->front().get<std::string>();
     if (family->model_classes.count(name)) cls = name;
   }
+  if (active_patch_mapping()) return family->model_classes.at(cls)(config);
+  ApplyPatches unpatched(PatchMapping{}, registries.patch_tables());
   return family->model_classes.at(cls)(config);
 }
 
-std::shared_ptr<PretrainedModel> from_config(const ModelConfig& config) {
-  if (active_patch_mapping()) return construct_model(config);
-  ApplyPatches scope;
-  return construct_model(config);
+std::shared_ptr<PretrainedModel> from_config(const ModelConfig& config, const Registries& registries) {
+  if (active_patch_mapping()) return construct_model(config, registries);
+  ApplyPatches scope(registries.patches().get_patch_mapping(), registries.patch_tables());
+  return construct_model(config, registries);
 }
 
-ModelConfig with_overrides(const ModelConfig& config, const nlohmann::json& overrides, const std::string& source) {
+ModelConfig with_overrides(const ModelConfig& config, const nlohmann::json& overrides, const std::string& source,
+                           const Registries& registries) {
   if (overrides.empty()) return config;
   auto raw = config.raw;
   raw.update(overrides);
-  return ModelConfig::from_json(raw, source);
+  return ModelConfig::from_json(raw, source, &registries.families());
 }
 
 std::shared_ptr<PretrainedModel> from_pretrained(const std::filesystem::path& dir, const PretrainedOptions& options,
                                                  checkpoint::LoadReport* report) {
-  const auto config = with_overrides(ModelConfig::from_file(dir), options.config_overrides,
-                                     (dir / "config.json").string() + " (with overrides)");
-  const auto weights = checkpoint::Checkpoint::open(std::filesystem::is_directory(dir) ? dir : dir.parent_path());
+  const auto& registries = options.registries;
+  // Config and weights through one directory handle, so a save swapping a new checkpoint in meanwhile
+  // cannot give us the config of one and the weights of the other.
+  const auto config_path = std::filesystem::is_directory(dir) ? dir / "config.json" : dir;
+  std::optional<checkpoint::DirectoryHandle> handle;
+  if (std::filesystem::is_directory(dir)) handle = checkpoint::DirectoryHandle::open(dir);
+  const auto config = with_overrides(
+      handle ? ModelConfig::from_file(handle->file("config.json"), &registries.families(), config_path.string())
+             : ModelConfig::from_file(dir, &registries.families()),
+      options.config_overrides, config_path.string() + " (with overrides)", registries);
+  const auto weights = handle ? checkpoint::Checkpoint::open(*handle) : checkpoint::Checkpoint::open(dir.parent_path());
   std::shared_ptr<PretrainedModel> model;
   {
     nn::SkipInit skip;  // the checkpoint provides the values (the report says what it did not)
-    model = from_config(config);
+    model = from_config(config, registries);
   }
   if (options.dtype) model->to(*options.dtype);
-  auto result = checkpoint::load_weights(*model, weights, checkpoint::LoadOptions{options.strict});
+  auto result = checkpoint::load_weights(*model, weights, checkpoint::LoadOptions{options.strict, &registries.conversions()});
   if (report) *report = std::move(result);
   return model;
 }
@@ -57,26 +68,36 @@ std::shared_ptr<PretrainedModel> from_pretrained(const std::filesystem::path& di
 namespace {
 // Built-in models with fixed shapes, from every family: tiny ones for demos and tests, larger ones
 // for benchmarks.
-std::vector<std::pair<std::string, nlohmann::json>> presets() {
+std::vector<std::pair<std::string, nlohmann::json>> presets(const Registries& registries) {
   std::vector<std::pair<std::string, nlohmann::json>> all;
-  for (const auto& family : global_families().all()) {
+  for (const auto& family : registries.families().all()) {
     all.insert(all.end(), family->presets.begin(), family->presets.end());
   }
   return all;
 }
 }  // namespace
 
-std::vector<std::string> preset_names() {
+std::vector<std::string> preset_names(const Registries& registries) {
   std::vector<std::string> names;
-  for (const auto& [name, json] : presets()) names.push_back(name);
+  for (const auto& [name, json] : presets(registries)) names.push_back(name);
   return names;
 }
 
-ModelConfig preset_config(const std::string& name) {
-  for (const auto& [preset, json] : presets()) {
-    if (preset == name) return ModelConfig::from_json(json, "preset " + name);
+ModelConfig preset_config(const std::string& name, const Registries& registries) {
+  for (const auto& [preset, json] : presets(registries)) {
+    if (preset == name) return ModelConfig::from_json(json, "preset " + name, &registries.families());
   }
-  throw ConfigError(fmt::format("unknown preset '{}' (presets: {})", name, fmt::join(preset_names(), ", ")));
+  throw ConfigError(
+      fmt::format("unknown preset '{}' (presets: {})", name, fmt::join(preset_names(registries), ", ")));
+}
+
+std::shared_ptr<PretrainedModel> preset_model(const std::string& name, uint64_t seed, const PretrainedOptions& options) {
+  const auto& registries = options.registries;
+  auto config = with_overrides(preset_config(name, registries), options.config_overrides, "preset " + name, registries);
+  auto model = from_config(config, registries);
+  init_random_weights(*model, seed);
+  if (options.dtype) model->to(*options.dtype);
+  return model;
 }
 
 void init_random_weights(torch::nn::Module& model, uint64_t seed) {

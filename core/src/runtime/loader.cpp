@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include "torchpatch/error.h"
-#include "torchpatch/patching/build.h"
 #include "torchpatch/patching/scope.h"
 
 namespace torchpatch {
@@ -26,20 +25,12 @@ std::size_t edit_distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
-std::shared_ptr<PretrainedModel> build_preset(const std::string& name, const ModelSource& source,
-                                              const PretrainedOptions& options) {
-  auto config = with_overrides(preset_config(name), options.config_overrides, "preset " + name);
-  auto model = construct_model(config);
-  init_random_weights(*model, source.seed);
-  if (options.dtype) model->to(*options.dtype);
-  return model;
-}
 }  // namespace
 
-std::string did_you_mean(const std::string& key) {
+std::string did_you_mean(const std::string& key, const Registries& registries) {
   std::string best;
   std::size_t best_distance = std::max<std::size_t>(2, key.size() / 3) + 1;
-  for (const auto& [name, cls] : builtin_classes()) {
+  for (const auto& [name, cls] : registries.classes().all()) {
     const auto d = edit_distance(key, name);
     if (d < best_distance) {
       best = name;
@@ -54,10 +45,12 @@ LoadedModel load_model(const ModelSource& source, const LoadModelOptions& option
     throw InputError("model source: give exactly one of a checkpoint directory and a preset");
   }
   LoadedModel loaded;
-  ApplyPatches scope;  // one scope for the whole build, so it records which keys matched
+  const auto& registries = options.pretrained.registries;
+  // One scope for the whole build, so it records which keys matched.
+  ApplyPatches scope(registries.patches().get_patch_mapping(), registries.patch_tables());
   if (source.preset) {
     loaded.source = "preset " + *source.preset;
-    loaded.model = build_preset(*source.preset, source, options.pretrained);
+    loaded.model = preset_model(*source.preset, source.seed, options.pretrained);
   } else {
     loaded.source = source.checkpoint->string();
     loaded.report.emplace();
@@ -65,7 +58,7 @@ LoadedModel load_model(const ModelSource& source, const LoadModelOptions& option
   }
   loaded.model->eval();
   for (const auto& point : loaded.model->patch_points()) loaded.plan.push_back({point.path, point.module->patch_record()});
-  for (const auto& key : scope.unmatched_keys()) loaded.unmatched.push_back({key, did_you_mean(key)});
+  for (const auto& key : scope.unmatched_keys()) loaded.unmatched.push_back({key, did_you_mean(key, registries)});
   if (options.strict_patches && !loaded.unmatched.empty()) {
     const auto& first = loaded.unmatched.front();
     throw PatchError(fmt::format("--strict: patch key '{}' matched no patch point of {}{}", first.key,

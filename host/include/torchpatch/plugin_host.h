@@ -12,6 +12,9 @@
 #include "torchpatch/models/family.h"
 #include "torchpatch/patching/module_class.h"
 #include "torchpatch/patching/registry.h"
+#include "torchpatch/runtime/registries.h"
+
+struct stat;
 
 struct TorchpatchPluginDescriptor;  // plugin_descriptor.h
 
@@ -61,11 +64,13 @@ struct PluginHostOptions {
   bool allow_world_writable = false;
 };
 
-/// Loads plugins into `registry` (the global one by default). Libraries are never unloaded: objects
-/// their code made may outlive any handle, so they stay mapped until the process exits.
+/// Loads plugins into `registries` (the process-wide ones by default): their patches, conversions and
+/// families. Two hosts with registries of their own share nothing; one library loaded by both
+/// registers into each. Libraries are never unloaded: objects their code made may outlive any handle,
+/// so they stay mapped until the process exits.
 class PluginHost {
  public:
-  explicit PluginHost(PluginHostOptions options = {}, PatchRegistry& registry = global_registry());
+  explicit PluginHost(PluginHostOptions options = {}, Registries registries = default_registries());
   ~PluginHost();
   PluginHost(const PluginHost&) = delete;
   PluginHost& operator=(const PluginHost&) = delete;
@@ -90,10 +95,13 @@ class PluginHost {
   /// resolves conflicts (`--patch KEY=CLASS`). Throws PatchError for an unknown class.
   void patch(const std::string& key, const std::string& class_name, bool overwrite = true);
 
+  /// The registries this host loads into.
+  const Registries& registries() const { return registries_; }
+
  private:
   PluginRecord& refuse(PluginRecord& record, std::string reason);
   // The stages of load_file; each returns why the plugin is refused, or nullopt.
-  std::optional<std::string> check_file(const std::filesystem::path& file) const;
+  std::optional<std::string> check_file(const std::filesystem::path& file, struct ::stat& st) const;
   std::optional<std::string> check_descriptor(const TorchpatchPluginDescriptor* d, PluginRecord& record) const;
   std::optional<std::string> check_offers(std::vector<RegistrarOffer>& offers, PluginMode mode, const Origin& origin,
                                           PatchMapping::Items& items, std::vector<OfferedClass>& offered) const;
@@ -105,7 +113,7 @@ class PluginHost {
                                           std::vector<Family>& families, const Origin& origin, PluginRecord& record);
   void refuse_path(const std::filesystem::path& path, PluginMode mode, std::string reason);
   PluginHostOptions options_;
-  PatchRegistry& registry_;
+  Registries registries_;
   std::vector<PluginRecord> records_;
   std::vector<ModuleClass> classes_;
   std::vector<std::pair<std::string, std::size_t>> dropin_keys_;  // key -> index into records_

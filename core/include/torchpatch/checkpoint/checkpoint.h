@@ -12,6 +12,23 @@
 
 namespace torchpatch::checkpoint {
 
+/// A checkpoint directory held open: files opened through file() all come from the directory as it
+/// was when opened, even when a save swaps a new checkpoint in meanwhile (saves replace whole
+/// directories), so config and weights read through one handle always belong together.
+class TORCHPATCH_API DirectoryHandle {
+ public:
+  /// Throws CheckpointError naming `dir` when it is not a directory that can be opened.
+  static DirectoryHandle open(const std::filesystem::path& dir);
+  /// The directory as given, for messages.
+  const std::filesystem::path& path() const { return path_; }
+  /// Where to open `name` inside the held directory.
+  std::filesystem::path file(const std::string& name) const;
+
+ private:
+  std::filesystem::path path_;
+  std::shared_ptr<const int> fd_;
+};
+
 class TORCHPATCH_API Checkpoint {
  public:
   /// Opens `dir/model.safetensors.index.json` and its shards when present, else `dir/model.safetensors`
@@ -19,6 +36,8 @@ class TORCHPATCH_API Checkpoint {
   /// index that is not JSON or lacks weight_map, an index naming a missing shard or a tensor its shard
   /// does not hold, the same tensor in two shards.
   static Checkpoint open(const std::filesystem::path& path);
+  /// The same, reading every file through `dir`.
+  static Checkpoint open(const DirectoryHandle& dir);
 
   /// Every tensor name, in natural order.
   const std::vector<std::string>& keys() const { return keys_; }

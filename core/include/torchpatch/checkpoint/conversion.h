@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -77,19 +78,44 @@ TORCHPATCH_API WeightTransform reverse_transform(const WeightTransform& transfor
 /// "WeightConverter([a, b] -> [c], Concatenate(dim=0))" for messages.
 TORCHPATCH_API std::string describe(const WeightTransform& transform);
 
-/// Registers the conversion rules of a model type ("qwen2_moe"), a model class ("LlamaForCausalLM") or
-/// a patch-point class ("FusedQKVAttention"; its rules apply under each module of that class).
-/// An existing key without `overwrite` is an error naming who registered it.
+/// Conversion rules by key: a model type ("qwen2_moe"), a model class ("LlamaForCausalLM") or a
+/// patch-point class ("FusedQKVAttention"; its rules apply under each module of that class). A new
+/// registry holds the "legacy" renamings (old BERT names) that apply to every model; families add
+/// their defaults under their model_type. The process-wide one is global_conversions().
+class TORCHPATCH_API ConversionRegistry {
+ public:
+  ConversionRegistry();
+  /// An existing key without `overwrite` is an error naming who registered it.
+  void add(const std::string& key, ConversionFactory factory, bool overwrite = false, const Origin& origin = {});
+  void add(const std::string& key, ConversionRules rules, bool overwrite = false, const Origin& origin = {});
+  /// Removes `key`; an unknown key is an error.
+  void remove(const std::string& key);
+  /// The rules registered for `key` (built for `config`), or nullopt.
+  std::optional<ConversionRules> get(const std::string& key, const Config& config) const;
+  /// Who registered `key` (builtin or a plugin), or nullopt when absent.
+  std::optional<Origin> origin(const std::string& key) const;
+
+ private:
+  struct Entry {
+    ConversionFactory factory;
+    Origin origin;
+  };
+  mutable std::mutex mutex_;
+  std::map<std::string, Entry> entries_;
+};
+
+/// The process-wide conversion rules (the built-in families' defaults are in it).
+TORCHPATCH_API ConversionRegistry& global_conversions();
+
+/// Python-named functions on the process-wide registry.
 TORCHPATCH_API void register_checkpoint_conversion_mapping(const std::string& model_type_or_class, ConversionRules rules,
                                                            bool overwrite = false, const Origin& origin = {});
 TORCHPATCH_API void register_checkpoint_conversion_mapping(const std::string& model_type_or_class,
                                                            ConversionFactory factory, bool overwrite = false,
                                                            const Origin& origin = {});
 TORCHPATCH_API void unregister_checkpoint_conversion_mapping(const std::string& model_type_or_class);
-/// The rules registered for a key (built for `config`), or nullopt.
 TORCHPATCH_API std::optional<ConversionRules> get_checkpoint_conversion_mapping(const std::string& model_type_or_class,
                                                                                 const Config& config);
-/// Who registered the key (builtin or a plugin), or nullopt when absent.
 TORCHPATCH_API std::optional<Origin> conversion_mapping_origin(const std::string& model_type_or_class);
 
 /// Rules scoped to a module path: they see keys relative to `prefix` ("" for the whole model).

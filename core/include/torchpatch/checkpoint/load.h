@@ -45,26 +45,36 @@ struct TORCHPATCH_API LoadOptions {
   /// Any missing, unexpected, mismatched key or conversion error throws CheckpointError with the
   /// whole report. Non-strict: what is missing keeps its initial values and the report says so.
   bool strict = true;
+  /// The conversion rules to load through (nullptr: global_conversions()).
+  const ConversionRegistry* conversions = nullptr;
 };
 
 /// The rules that apply to `model`: its class name's (else its model_type's), then the rules of each
 /// patch point's class scoped to the module's path, then (`add_legacy`) the legacy renamings.
-TORCHPATCH_API std::vector<ScopedRules> model_conversion_rules(const Loadable& model, bool add_legacy);
+TORCHPATCH_API std::vector<ScopedRules> model_conversion_rules(
+    const Loadable& model, bool add_legacy, const ConversionRegistry& registry = global_conversions());
 
 /// Loads `checkpoint` into `model` (converting dtype to each parameter's).
 TORCHPATCH_API LoadReport load_weights(Loadable& model, const Checkpoint& checkpoint,
                                        const LoadOptions& options = {});
 
 /// The model's tensors in the hub layout: conversions reversed, tied aliases left out, natural order.
-TORCHPATCH_API std::vector<std::pair<std::string, at::Tensor>> hub_state_dict(const Loadable& model);
+TORCHPATCH_API std::vector<std::pair<std::string, at::Tensor>> hub_state_dict(
+    const Loadable& model, const ConversionRegistry& registry = global_conversions());
 
 struct TORCHPATCH_API SaveOptions {
   /// Tensors are split into shards of at most this many bytes (a single larger tensor gets its own).
   int64_t max_shard_bytes = int64_t{5} * 1000 * 1000 * 1000;
+  /// The conversion rules reversed to write the hub layout (nullptr: global_conversions()).
+  const ConversionRegistry* conversions = nullptr;
 };
 
 /// Writes `dir/config.json` and `dir/model.safetensors` (or shards `model-0000i-of-0000n.safetensors`
-/// with `model.safetensors.index.json`), each file written atomically.
+/// with `model.safetensors.index.json`). The checkpoint is replaced as a whole: written and synced in
+/// a staging directory beside `dir`, the old directory's other files (tokenizer, README, ...) linked
+/// in, then swapped in with one atomic rename. Killed at any moment, `dir` holds the old complete
+/// checkpoint or the new one; a failure (a full disk) leaves the old one as it was. Files of the old
+/// layout (shards, index, single file) do not survive the switch.
 TORCHPATCH_API void save_pretrained(const Loadable& model, const std::filesystem::path& dir,
                                     const SaveOptions& options = {});
 

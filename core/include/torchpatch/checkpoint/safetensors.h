@@ -44,7 +44,10 @@ class TORCHPATCH_API SafetensorsFile : public std::enable_shared_from_this<Safet
   /// at fault) for: a file shorter than 8 bytes, a header length past the end of the file, a header
   /// that is not a JSON object, an unknown dtype, a missing or malformed field, offsets out of range,
   /// overlapping or not covering the data, and `end - begin != numel * itemsize`.
-  static std::shared_ptr<SafetensorsFile> open(const std::filesystem::path& path);
+  /// Only a regular file is opened (a FIFO or device is refused without blocking). `display`, when
+  /// given, is the name used in messages and by path() (`path` may be a /proc/self/fd path).
+  static std::shared_ptr<SafetensorsFile> open(const std::filesystem::path& path,
+                                               const std::filesystem::path& display = {});
 
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;

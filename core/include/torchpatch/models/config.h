@@ -79,6 +79,9 @@ struct TORCHPATCH_API DecoderConfig {
   /// RoPE; original_max_position_embeddings times `factor` for yarn and llama3 when larger; no limit
   /// for dynamic NTK, which adapts to any length.
   int64_t max_positions() const;
+  /// The limit for messages: "256: max_position_embeddings 256, and rope_type 'default' does not
+  /// stretch it"; with `rotary` false (learned absolute positions) "max_position_embeddings 512".
+  std::string position_limit(bool rotary = true) const;
 
   /// What the rotary embedding needs of this config.
   operator nn::RopeOptions() const { return {rope, head_dim, max_position_embeddings}; }
@@ -104,6 +107,8 @@ struct TORCHPATCH_API BertConfig : FamilyFields {
   bool has_decoder_fields() const override { return false; }
 };
 
+class FamilyRegistry;
+
 /// A model's configuration: its `model_type`, the typed fields the built-in modules use, and the raw
 /// JSON so replacements can read any field they need. Parsed by the family of `model_type`.
 struct TORCHPATCH_API ModelConfig : Config {
@@ -120,12 +125,16 @@ struct TORCHPATCH_API ModelConfig : Config {
   /// BERT's fields (ConfigError for another family).
   const BertConfig& bert() const { return family_fields<BertConfig>(); }
 
-  /// Parses a config.json object with the registered family of its `model_type`, which fills Hugging
-  /// Face's defaults. Throws ConfigError naming the field and `source` (a file name) on bad input.
-  static ModelConfig from_json(const nlohmann::json& json, const std::string& source = "config");
+  /// Parses a config.json object with the family of its `model_type` in `families` (nullptr: the
+  /// process-wide ones), which fills Hugging Face's defaults. Throws ConfigError naming the field and
+  /// `source` (a file name) on bad input.
+  static ModelConfig from_json(const nlohmann::json& json, const std::string& source = "config",
+                               const FamilyRegistry* families = nullptr);
 
-  /// Reads and parses `dir/config.json` (or a config file given directly).
-  static ModelConfig from_file(const std::filesystem::path& path);
+  /// Reads and parses `dir/config.json` (or a config file given directly). `source`, when given, names
+  /// the file in messages (`path` may be a checkpoint::DirectoryHandle path).
+  static ModelConfig from_file(const std::filesystem::path& path, const FamilyRegistry* families = nullptr,
+                               const std::string& source = {});
 
   /// Serialises back to a config.json object (the raw fields with the typed ones written over them).
   nlohmann::json to_json() const;

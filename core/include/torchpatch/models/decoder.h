@@ -81,7 +81,8 @@ class TORCHPATCH_API DecoderForCausalLM : public PretrainedModel {
 /// `past_len` tokens already cached; throws InputError naming the tensor and the fault.
 TORCHPATCH_API void validate_decoder_inputs(const ModelInputs& inputs, int64_t vocab_size, int64_t past_len = 0);
 
-/// Throws InputError when a position is past what the model supports (DecoderConfig::max_positions).
-TORCHPATCH_API void check_positions(const at::Tensor& position_ids, const DecoderConfig& config);
+/// Throws InputError when a position is past what the model supports: DecoderConfig::max_positions,
+/// or max_position_embeddings for learned absolute positions (`rotary` false).
+TORCHPATCH_API void check_positions(const at::Tensor& position_ids, const DecoderConfig& config, bool rotary = true);
 
 }  // namespace torchpatch

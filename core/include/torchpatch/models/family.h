@@ -19,6 +19,7 @@
 #include "torchpatch/checkpoint/conversion.h"
 #include "torchpatch/models/config.h"
 #include "torchpatch/models/pretrained.h"
+#include "torchpatch/patching/class_table.h"
 #include "torchpatch/patching/module_class.h"
 #include "torchpatch/patching/outputs.h"
 
@@ -48,9 +49,15 @@ struct TORCHPATCH_API Family {
 };
 
 /// The families torchpatch can build, by model_type. Adding one registers its patch points, recorders
-/// and conversions in the process-wide tables.
+/// and conversions in the tables the registry was made with.
 class TORCHPATCH_API FamilyRegistry {
  public:
+  /// Families registered here fill these tables (which must outlive the registry).
+  FamilyRegistry(ClassTable& classes, RecorderTable& recorders, checkpoint::ConversionRegistry& conversions)
+      : classes_(classes), recorders_(recorders), conversions_(conversions) {}
+  FamilyRegistry(const FamilyRegistry&) = delete;
+  FamilyRegistry& operator=(const FamilyRegistry&) = delete;
+
   /// Registers `family`. A model_type already registered is an Error naming who holds it; a family
   /// without model_type, parser or model classes is an Error. All or nothing.
   void add(Family family);
@@ -58,19 +65,29 @@ class TORCHPATCH_API FamilyRegistry {
   std::shared_ptr<const Family> find(const std::string& model_type) const;
   /// Every family, by model_type.
   std::vector<std::shared_ptr<const Family>> all() const;
+  /// Their model types ("llama", ...).
+  std::vector<std::string> model_types() const;
 
  private:
+  ClassTable& classes_;
+  RecorderTable& recorders_;
+  checkpoint::ConversionRegistry& conversions_;
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_ptr<const Family>> families_;
 };
 
-/// The process-wide families (the built-in ones, and those plugins add).
+/// Adds the families built into libtorchpatch_core (llama, mistral, ..., bert) to `families`.
+TORCHPATCH_API void add_builtin_families(FamilyRegistry& families);
+
+/// The process-wide families (the built-in ones, and those plugins add), filling the process-wide
+/// class, recorder and conversion tables.
 TORCHPATCH_API FamilyRegistry& global_families();
 
 /// The family of `model_type`; ConfigError "SOURCE: model_type 'X' is not supported (supported: ...)".
-TORCHPATCH_API std::shared_ptr<const Family> family_of(const std::string& model_type, const std::string& source);
+TORCHPATCH_API std::shared_ptr<const Family> family_of(const std::string& model_type, const std::string& source,
+                                                       const FamilyRegistry& families = global_families());
 
-/// Model types torchpatch can build ("llama", ...).
+/// Model types torchpatch can build ("llama", ...) with the process-wide families.
 TORCHPATCH_API std::vector<std::string> supported_model_types();
 
 }  // namespace torchpatch

@@ -19,6 +19,7 @@
 namespace torchpatch {
 
 class DynamicCache;
+class RecorderTable;
 
 /// What a forward pass takes. Only input_ids is required.
 struct TORCHPATCH_API ModelInputs {
@@ -64,6 +65,7 @@ struct TORCHPATCH_API ModelOutput {
 /// task head) can be a patch point like any block.
 class TORCHPATCH_API PretrainedModel : public PatchableModule, public checkpoint::Loadable {
  public:
+  /// Keeps the output recorders in force (active_patch_tables()) for its captures.
   PretrainedModel(ModelConfig config, std::string class_name);
   ~PretrainedModel() override;
 
@@ -112,6 +114,7 @@ class TORCHPATCH_API PretrainedModel : public PatchableModule, public checkpoint
  private:
   ModelConfig config_;
   std::string class_name_;
+  std::shared_ptr<const RecorderTable> recorders_;
 };
 
 }  // namespace torchpatch

@@ -27,6 +27,9 @@ class TORCHPATCH_API SkipInit {
 /// ones for norm weights (`is_norm`).
 TORCHPATCH_API void init_parameter(at::Tensor& param, bool is_bias, bool is_norm, double std = 0.02);
 
+/// A new float32 parameter tensor: initialised as init_parameter does, or left uninitialised under SkipInit.
+TORCHPATCH_API at::Tensor new_parameter(at::IntArrayRef sizes, bool is_bias = false, double std = 0.02);
+
 /// y = x W^T + b. weight [out, in], bias [out] when `bias`.
 /// The type reductions run in: float32 as Hugging Face upcasts (softmax, norms, losses), float64
 /// when the model runs in float64 (casting that down would lose what it is for).

@@ -13,8 +13,8 @@
 
 namespace torchpatch {
 
-/// Built-in classes of every patch point, keyed by Hugging Face class name (a snapshot of
-/// builtin_class_table()). The role of a key is the role of its built-in class.
+/// Built-in classes of every patch point, keyed by Hugging Face class name (a snapshot of the class
+/// table in force: active_patch_tables()). The role of a key is the role of its built-in class.
 TORCHPATCH_API std::map<std::string, ModuleClass> builtin_classes();
 
 /// Role of a known patch-point key, or "" for an unknown key.

@@ -20,6 +20,8 @@ class TORCHPATCH_API ClassTable {
   /// Adds `cls` under its name. The same name twice is a PatchError naming both origins, unless the
   /// class is the one already there (same origin and role).
   void add(const ModuleClass& cls);
+  /// Why `cls` cannot be added ("patch point 'X' is already defined by ..."), or nullopt.
+  std::optional<std::string> clash(const ModuleClass& cls) const;
   /// The class under `key`, or nullopt.
   std::optional<ModuleClass> find(const std::string& key) const;
   /// Role of `key`'s class, or "" for an unknown key.
@@ -28,6 +30,7 @@ class TORCHPATCH_API ClassTable {
   std::map<std::string, ModuleClass> all() const;
 
  private:
+  std::optional<std::string> clash_locked(const ModuleClass& cls) const;
   mutable std::mutex mutex_;
   std::map<std::string, ModuleClass> classes_;
 };

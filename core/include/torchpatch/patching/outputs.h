@@ -6,6 +6,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -26,20 +27,38 @@ struct TORCHPATCH_API OutputRecorder {
   std::string layer_name;
 };
 
-/// Adds (or replaces) recorder `name` for models of class `model_class` (e.g. "Qwen2MoeForCausalLM").
-/// Throws Error for an empty name or target or a negative index. Thread-safe.
+/// Output recorders by model class, then by output name. Families add theirs when registered; the
+/// process-wide table is global_recorder_table(), and a Registries object owns a table of its own.
+class TORCHPATCH_API RecorderTable {
+ public:
+  /// Adds (or replaces) recorder `name` for models of class `model_class` (e.g. "Qwen2MoeForCausalLM").
+  /// Throws Error for an empty name or target or a negative index. Thread-safe.
+  void add(const std::string& model_class, const std::string& name, const OutputRecorder& recorder);
+  /// Removes recorder `name` of `model_class`; false when there was none.
+  bool remove(const std::string& model_class, const std::string& name);
+  /// The recorders of `model_class` by name.
+  std::map<std::string, OutputRecorder> of(const std::string& model_class) const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::string, std::map<std::string, OutputRecorder>> recorders_;
+};
+
+/// The process-wide recorder table (the built-in families' recorders are in it).
+TORCHPATCH_API RecorderTable& global_recorder_table();
+
+/// Python-named functions on the process-wide table.
 TORCHPATCH_API void register_output_recorder(const std::string& model_class, const std::string& name,
                                              const OutputRecorder& recorder);
-/// Removes recorder `name` of `model_class`; false when there was none.
 TORCHPATCH_API bool unregister_output_recorder(const std::string& model_class, const std::string& name);
-/// The recorders of `model_class` by name (built-in ones included).
 TORCHPATCH_API std::map<std::string, OutputRecorder> output_recorders(const std::string& model_class);
 
 /// Collects the named outputs of one forward on this thread while alive (scopes nest; the innermost
 /// collects). Throws InputError naming the known recorders for a name `model_class` has none for.
 class TORCHPATCH_API CaptureOutputs {
  public:
-  CaptureOutputs(const std::string& model_class, const std::vector<std::string>& names);
+  CaptureOutputs(const std::string& model_class, const std::vector<std::string>& names,
+                 const RecorderTable& recorders = global_recorder_table());
   ~CaptureOutputs();
   CaptureOutputs(const CaptureOutputs&) = delete;
   CaptureOutputs& operator=(const CaptureOutputs&) = delete;

@@ -6,6 +6,8 @@
 #include "torchpatch/export.h"
 
 #include <cstddef>
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -16,6 +18,8 @@
 #include "torchpatch/patching/module_class.h"
 
 namespace torchpatch {
+
+class ClassTable;
 
 /// An ordered mapping from key (class name or pattern) to replacement class, with its patterns
 /// compiled. Copies are cheap snapshots; `get_patch_mapping()` returns one.
@@ -41,7 +45,8 @@ class TORCHPATCH_API PatchMapping {
   PatchMapping& operator=(PatchMapping&&) noexcept;
 
   /// A mapping made of `items`, validated as `register_patch_mapping` would (throws PatchError).
-  explicit PatchMapping(const Items& items, bool overwrite = false);
+  /// Roles are checked against `classes` (nullptr: the table in force, active_patch_tables()).
+  explicit PatchMapping(const Items& items, bool overwrite = false, const ClassTable* classes = nullptr);
 
   const std::vector<Entry>& entries() const { return entries_; }
   bool empty() const { return entries_.empty(); }
@@ -55,7 +60,7 @@ class TORCHPATCH_API PatchMapping {
   std::optional<Match> find(const std::string& class_name) const;
 
   /// Adds or replaces entries, all or nothing (see PatchRegistry::register_patch_mapping).
-  void insert(const Items& items, bool overwrite);
+  void insert(const Items& items, bool overwrite, const ClassTable* classes = nullptr);
   /// Removes keys, all or nothing (see PatchRegistry::unregister_patch_mapping).
   void erase(const std::vector<std::string>& keys);
   void clear();
@@ -71,6 +76,9 @@ class TORCHPATCH_API PatchMapping {
 /// below); hosts and tests may own others.
 class TORCHPATCH_API PatchRegistry {
  public:
+  /// Keys are checked against the roles in `classes` (nullptr: the table in force when registering).
+  explicit PatchRegistry(std::shared_ptr<const ClassTable> classes = nullptr) : classes_(std::move(classes)) {}
+
   /// Registers `mapping` in order. Per entry: a null factory is an error; an existing key without
   /// `overwrite` is an error ("Class 'K' already has a patch mapping registered. Use overwrite=true
   /// to replace it."); an invalid regular expression is an error; a class whose role differs from a
@@ -83,7 +91,26 @@ class TORCHPATCH_API PatchRegistry {
   /// A snapshot (copy) of the current mapping.
   PatchMapping get_patch_mapping() const;
 
+  /// Scoped registration (ScopedPatchMapping): `owner`'s entries sit on top of what each key held.
+  /// Validated as register_patch_mapping; all or nothing.
+  void push_scoped(std::uint64_t owner, const PatchMapping::Items& mapping, bool overwrite);
+  /// Takes `owner`'s entries out wherever they sit: a key whose top entry this was gets what lies
+  /// below (the entry before the first scoped one, or nothing); a key where a later scope sits above
+  /// keeps its value and forgets this layer. A key changed by a plain register or unregister since is
+  /// left as that change made it.
+  void pop_scoped(std::uint64_t owner);
+
  private:
+  struct Layer {
+    std::uint64_t owner;
+    ModuleClass cls;
+  };
+  struct Stack {
+    std::optional<ModuleClass> below;  // what the key held before its first scoped entry
+    std::vector<Layer> layers;         // oldest first; the last is in force
+  };
+  std::map<std::string, Stack> scoped_;
+  std::shared_ptr<const ClassTable> classes_;
   mutable std::mutex mutex_;
   PatchMapping mapping_;
 };
@@ -99,7 +126,8 @@ TORCHPATCH_API PatchMapping get_patch_mapping();
 
 /// Registers a mapping for the lifetime of the guard and takes it out again on destruction
 /// (exceptions included): the C++ form of `try: register ... finally: clear_patch_mapping()`.
-/// With `overwrite`, entries it replaced are put back as they were.
+/// With `overwrite`, entries it replaced are put back as they were. Guards on the same key may close
+/// in any order (one per thread, say): each restores exactly what it changed (PatchRegistry::pop_scoped).
 class TORCHPATCH_API ScopedPatchMapping {
  public:
   explicit ScopedPatchMapping(PatchMapping::Items mapping, bool overwrite = false,
@@ -110,8 +138,7 @@ class TORCHPATCH_API ScopedPatchMapping {
 
  private:
   PatchRegistry& registry_;
-  PatchMapping::Items registered_;
-  PatchMapping::Items replaced_;  // previous entries overwritten by this guard
+  std::uint64_t owner_;
 };
 
 }  // namespace torchpatch

@@ -13,16 +13,20 @@
 #include "torchpatch/checkpoint/load.h"
 #include "torchpatch/models/family.h"
 #include "torchpatch/models/pretrained.h"
+#include "torchpatch/runtime/registries.h"
 
 namespace torchpatch {
 
-/// Builds the model class `config` names (its `architectures[0]`, else the family's causal LM).
-/// Plain construction: replacements apply only inside an open ApplyPatches scope.
-TORCHPATCH_API std::shared_ptr<PretrainedModel> construct_model(const ModelConfig& config);
+/// Builds the model class `config` names (its `architectures[0]`, else the family's default class)
+/// from the families of `registries`. Plain construction: replacements apply only inside an open
+/// ApplyPatches scope (outside one, the build uses the classes and recorders of `registries`).
+TORCHPATCH_API std::shared_ptr<PretrainedModel> construct_model(const ModelConfig& config,
+                                                                const Registries& registries = default_registries());
 
-/// Builds with the registered patches applied (opens an ApplyPatches scope unless one is open).
-/// Weights are left as constructed.
-TORCHPATCH_API std::shared_ptr<PretrainedModel> from_config(const ModelConfig& config);
+/// Builds with the patches of `registries` applied (opens an ApplyPatches scope over them unless one
+/// is open). Weights are left as constructed.
+TORCHPATCH_API std::shared_ptr<PretrainedModel> from_config(const ModelConfig& config,
+                                                            const Registries& registries = default_registries());
 
 /// How from_pretrained loads.
 struct TORCHPATCH_API PretrainedOptions {
@@ -32,12 +36,15 @@ struct TORCHPATCH_API PretrainedOptions {
   bool strict = true;
   /// config.json fields to set before building, e.g. {"experts_implementation": "eager"}.
   nlohmann::json config_overrides = nlohmann::json::object();
+  /// Families, patches and conversions to build and load with.
+  Registries registries = default_registries();
 };
 
-/// `config` with `overrides` written over its config.json fields, parsed again (so they are checked);
-/// `config` itself when there are none. `source` names it in messages.
+/// `config` with `overrides` written over its config.json fields, parsed again by the families of
+/// `registries` (so they are checked); `config` itself when there are none. `source` names it in messages.
 TORCHPATCH_API ModelConfig with_overrides(const ModelConfig& config, const nlohmann::json& overrides,
-                                          const std::string& source);
+                                          const std::string& source,
+                                          const Registries& registries = default_registries());
 
 /// Reads `dir/config.json` and the weights (`model.safetensors` or shards with
 /// `model.safetensors.index.json`), builds with the registered patches applied and loads the weights
@@ -48,10 +55,14 @@ TORCHPATCH_API std::shared_ptr<PretrainedModel> from_pretrained(const std::files
                                                                 checkpoint::LoadReport* report = nullptr);
 
 
-/// Built-in tiny models with fixed seeds, runnable without downloads.
-TORCHPATCH_API std::vector<std::string> preset_names();
+/// Built-in tiny models with fixed seeds, runnable without downloads: the presets of every family.
+TORCHPATCH_API std::vector<std::string> preset_names(const Registries& registries = default_registries());
 /// The config of preset `name` (throws ConfigError listing the presets for an unknown name).
-TORCHPATCH_API ModelConfig preset_config(const std::string& name);
+TORCHPATCH_API ModelConfig preset_config(const std::string& name, const Registries& registries = default_registries());
+/// Preset `name` built with the patches of `options.registries` in force, its random weights drawn
+/// from `seed` (init_random_weights), then config overrides and dtype applied as from_pretrained does.
+TORCHPATCH_API std::shared_ptr<PretrainedModel> preset_model(const std::string& name, uint64_t seed,
+                                                             const PretrainedOptions& options = {});
 /// Deterministic random weights: Linear ~ N(0,1)/sqrt(in), embeddings N(0,1), norms 1+0.1*N(0,1).
 TORCHPATCH_API void init_random_weights(torch::nn::Module& model, uint64_t seed);
 

@@ -26,7 +26,7 @@ struct TORCHPATCH_API ModelSource {
 };
 
 struct TORCHPATCH_API LoadModelOptions {
-  PretrainedOptions pretrained;  ///< dtype, strict weights, config overrides
+  PretrainedOptions pretrained;  ///< dtype, strict weights, config overrides, the registries to use
   /// A registered patch key that matched no patch point is a PatchError (with its suggestion).
   bool strict_patches = false;
 };
@@ -51,12 +51,13 @@ struct TORCHPATCH_API LoadedModel {
   std::vector<UnmatchedKey> unmatched;           ///< registered keys that matched nothing
 };
 
-/// Builds the model of `source` inside one ApplyPatches scope of the registered patches and reports
+/// Builds the model of `source` inside one ApplyPatches scope of the patches registered in
+/// `options.pretrained.registries` and reports
 /// on it. Throws ConfigError / CheckpointError / PatchError naming the fault; InputError when the
 /// source is not exactly one of checkpoint and preset.
 TORCHPATCH_API LoadedModel load_model(const ModelSource& source, const LoadModelOptions& options = {});
 
 /// "did you mean 'LlamaAttention'?" for a key close to a known patch point ("" when none is close).
-TORCHPATCH_API std::string did_you_mean(const std::string& key);
+TORCHPATCH_API std::string did_you_mean(const std::string& key, const Registries& registries = default_registries());
 
 }  // namespace torchpatch

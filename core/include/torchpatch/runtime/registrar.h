@@ -21,7 +21,7 @@ class TORCHPATCH_API Registrar {
   /// Offers `cls` as the replacement for `keys` (Hugging Face class names or regular expressions).
   /// Loaded as a drop-in plugin, the host registers it under those keys; loaded as a catalogue,
   /// the class can be chosen by name (`--patch KEY=CLASS`). An empty `keys` offers the class by name only.
-  virtual void add_replacement(const std::vector<std::string>& keys, ModuleClass cls) = 0;
+  virtual void add_replacement(ModuleClass cls, const std::vector<std::string>& keys) = 0;
 
   /// Conversion rules for a model type ("llama"), a model class, or a patch-point class such as the
   /// plugin's own replacement (then they apply under every module of that class, on load and, reversed,
@@ -34,10 +34,11 @@ class TORCHPATCH_API Registrar {
   /// already provides is a conflict that refuses the plugin.
   virtual void add_family(Family family) = 0;
 
-  /// Shorthand: the ModuleClass of `Impl` (constructible from a BuildContext) named `class_name`.
+  /// Shorthand, in the same order: the ModuleClass of `Impl` (constructible from a BuildContext)
+  /// named `class_name`, offered for `keys`.
   template <typename Impl>
-  void add_replacement(std::string class_name, std::vector<std::string> keys) {
-    add_replacement(keys, module_class<Impl>(std::move(class_name)));
+  void add_replacement(std::string class_name, const std::vector<std::string>& keys) {
+    add_replacement(module_class<Impl>(std::move(class_name)), keys);
   }
 };
 

@@ -1,0 +1,267 @@
+// Hostile and careless input: deep JSON, FIFOs where files belong, trailing garbage, and saves that
+// are killed part-way or run out of space. Each case asserts the exact message and exit code.
+#include "test_prelude.h"
+#include "cli_util.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "torchpatch/checkpoint/safetensors.h"
+#include "torchpatch/error.h"
+#include "torchpatch/json_file.h"
+#include "torchpatch/models/config.h"
+#include "torchpatch/patching/class_table.h"
+#include "torchpatch/patching/registry.h"
+#include "torchpatch/runtime/auto.h"
+
+extern char** environ;
+
+using Catch::Matchers::Contains;
+using testutil::temp_file;
+using testutil::torchpatch_cli;
+namespace fs = std::filesystem;
+
+namespace {
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+std::string nested_array(int depth) { return std::string(depth, '[') + std::string(depth, ']'); }
+
+// A fresh directory removed at scope exit.
+struct ScratchDir {
+  fs::path path;
+  explicit ScratchDir(const std::string& name) : path(temp_file(name)) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~ScratchDir() {
+    std::error_code ignored;
+    fs::remove_all(path, ignored);
+  }
+};
+
+// The model_type of DIR's checkpoint, after loading it strictly: "" when it does not load.
+std::string loads_as(const fs::path& dir) {
+  try {
+    return torchpatch::from_pretrained(dir)->config().model_type;
+  } catch (const std::exception& e) {
+    UNSCOPED_INFO("does not load: " << e.what());
+    return "";
+  }
+}
+
+}  // namespace
+
+// -- bounded JSON ------------------------------------------------------------------------------------
+
+TEST_CASE("config.json nested 100,000 deep is refused without recursion", "[hardening][json]") {
+  ScratchDir dir("deep-config");
+  write_text(dir.path / "config.json", "{\"model_type\": \"llama\", \"x\": " + nested_array(100000) + "}");
+  CHECK_THROWS_WITH(torchpatch::ModelConfig::from_file(dir.path),
+                    (dir.path / "config.json").string() + ": JSON nested more than 64 levels deep");
+  const auto r = torchpatch_cli("run --model " + dir.path.string() + " --prompt-ids 1");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Contains("config.json: JSON nested more than 64 levels deep"));
+}
+
+TEST_CASE("trailing bytes after config.json's object are an error", "[hardening][json]") {
+  ScratchDir dir("trailing-config");
+  const auto good = torchpatch::ModelConfig::from_file(testutil::data_dir() / "llama_basic").raw.dump();
+  write_text(dir.path / "config.json", good + " {\"model_type\": \"bert\"}");
+  CHECK_THROWS_WITH(torchpatch::ModelConfig::from_file(dir.path), Contains("config.json: not valid JSON") &&
+                                                                      Contains("expected end of input"));
+}
+
+TEST_CASE("a safetensors header nested deep in 'shape' is refused", "[hardening][json][safetensors]") {
+  ScratchDir dir("deep-header");
+  std::string header = "{\"w\": {\"dtype\": \"F32\", \"shape\": " + nested_array(60000) + ", \"data_offsets\": [0, 0]}}";
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  write_text(dir.path / "w.safetensors", bytes + header);
+  CHECK_THROWS_WITH(torchpatch::checkpoint::SafetensorsFile::open(dir.path / "w.safetensors"),
+                    (dir.path / "w.safetensors").string() + ": header JSON nested more than 8 levels deep");
+}
+
+// -- only regular files ------------------------------------------------------------------------------
+
+TEST_CASE("a FIFO in place of config.json, the weights or --inputs is refused at once", "[hardening][fifo]") {
+  ScratchDir dir("fifo");
+  REQUIRE(::mkfifo((dir.path / "config.json").c_str(), 0600) == 0);
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(torchpatch::ModelConfig::from_file(dir.path),
+                    (dir.path / "config.json").string() + ": a FIFO, not a regular file");
+
+  fs::remove(dir.path / "config.json");
+  fs::copy_file(testutil::data_dir() / "llama_basic" / "config.json", dir.path / "config.json");
+  REQUIRE(::mkfifo((dir.path / "model.safetensors").c_str(), 0600) == 0);
+  auto r = torchpatch_cli("run --model " + dir.path.string() + " --prompt-ids 1");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Contains((dir.path / "model.safetensors").string() + ": not a regular file"));
+
+  r = torchpatch_cli("run --preset tiny-llama --inputs " + (dir.path / "model.safetensors").string());
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Contains("model.safetensors: not a regular file"));
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));  // nothing waited for a writer
+}
+
+TEST_CASE("a directory as config.json and an empty --model say what they are", "[hardening]") {
+  ScratchDir dir("dir-config");
+  fs::create_directory(dir.path / "config.json");
+  auto r = torchpatch_cli("run --model " + dir.path.string() + " --prompt-ids 1");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Contains((dir.path / "config.json").string() + ": a directory, not a regular file"));
+  r = torchpatch_cli("run --model '' --prompt-ids 1");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Contains("model path is empty"));
+}
+
+// -- a checkpoint is replaced as a whole -------------------------------------------------------------
+
+TEST_CASE("saving over a sharded checkpoint as one file removes the old shards and keeps other files",
+          "[hardening][save]") {
+  ScratchDir dir("resave");
+  const auto out = dir.path / "ckpt";
+  auto r = torchpatch_cli("save --preset tiny-llama --max-shard-bytes 20000 --out " + out.string());
+  REQUIRE(r.code == 0);
+  REQUIRE(fs::exists(out / "model.safetensors.index.json"));
+  write_text(out / "tokenizer.json", "{}");
+  r = torchpatch_cli("save --preset tiny-mistral --out " + out.string());
+  REQUIRE(r.code == 0);
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(out)) names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  CHECK(names == std::vector<std::string>{"config.json", "model.safetensors", "tokenizer.json"});
+  CHECK(loads_as(out) == "mistral");
+  // Nothing of the staging directories is left beside it.
+  for (const auto& entry : fs::directory_iterator(dir.path)) CHECK(entry.path().filename() == "ckpt");
+}
+
+TEST_CASE("a save that runs out of space leaves the old checkpoint loadable", "[hardening][save]") {
+  ScratchDir dir("full-disk");
+  const auto out = dir.path / "ckpt";
+  REQUIRE(torchpatch_cli("save --preset tiny-llama --out " + out.string()).code == 0);
+  // A file-size limit stands in for a full disk: writes past 64 KiB fail with EFBIG (the signal is ignored).
+  const auto r = torchpatch_cli("save --preset tiny-mistral --out " + out.string(), "ulimit -f 64; trap '' XFSZ;");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Contains("cannot write") && Contains("File too large"));
+  CHECK(loads_as(out) == "llama");
+  for (const auto& entry : fs::directory_iterator(dir.path)) CHECK(entry.path().filename() == "ckpt");
+}
+
+TEST_CASE("torchpatch save killed at any moment leaves the old or the new checkpoint, complete",
+          "[hardening][save][kill]") {
+  ScratchDir dir("killed-save");
+  const auto out = dir.path / "ckpt";
+  REQUIRE(torchpatch_cli("save --preset tiny-llama --max-shard-bytes 20000 --out " + out.string()).code == 0);
+  const std::vector<std::string> argv{TORCHPATCH_CLI, "save", "--preset", "tiny-mistral", "--max-shard-bytes", "30000",
+                                      "--out", out.string()};
+  auto spawn = [&] {
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+    pid_t pid = -1;
+    REQUIRE(posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, args.data(), environ) == 0);
+    posix_spawn_file_actions_destroy(&actions);
+    return pid;
+  };
+  // How long a whole save takes here, then kills spread over it.
+  const auto start = std::chrono::steady_clock::now();
+  int status = 0;
+  ::waitpid(spawn(), &status, 0);
+  REQUIRE(WIFEXITED(status));
+  const auto whole = std::chrono::steady_clock::now() - start;
+  REQUIRE(torchpatch_cli("save --preset tiny-llama --max-shard-bytes 20000 --out " + out.string()).code == 0);
+  std::map<std::string, int> outcomes;
+  const int kills = 24;
+  for (int i = 0; i < kills; ++i) {
+    const pid_t pid = spawn();
+    // Most of a run is starting up; the kills favour its second part, where the files are written.
+    std::this_thread::sleep_for(whole * (0.3 + 0.7 * (i + 0.5) / kills));
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    const auto type = loads_as(out);
+    INFO("kill " << i);
+    CHECK((type == "llama" || type == "mistral"));
+    outcomes[type]++;
+  }
+  WARN("outcomes of " << kills << " kills: llama (old) " << outcomes["llama"] << ", mistral (new) " << outcomes["mistral"]);
+}
+
+// -- scoped registrations ----------------------------------------------------------------------------
+
+namespace {
+torchpatch::ModuleClass renamed_mlp(const std::string& name) {
+  auto cls = *torchpatch::builtin_class_table().find("LlamaMLP");
+  cls.name = name;
+  return cls;
+}
+std::string class_under(const torchpatch::PatchRegistry& registry, const std::string& key) {
+  const auto mapping = registry.get_patch_mapping();
+  const auto* cls = mapping.get(key);
+  return cls ? cls->name : "(none)";
+}
+}  // namespace
+
+TEST_CASE("scoped mappings on one key closed out of order restore exactly what each changed", "[hardening][scope]") {
+  using torchpatch::ScopedPatchMapping;
+  torchpatch::PatchRegistry registry;
+  registry.register_patch_mapping({{"LlamaMLP", renamed_mlp("Plain")}});
+  auto first = std::make_unique<ScopedPatchMapping>(torchpatch::PatchMapping::Items{{"LlamaMLP", renamed_mlp("First")}},
+                                                    true, registry);
+  auto second = std::make_unique<ScopedPatchMapping>(
+      torchpatch::PatchMapping::Items{{"LlamaMLP", renamed_mlp("Second")}}, true, registry);
+  CHECK(class_under(registry, "LlamaMLP") == "Second");
+  first.reset();  // the outer guard first: the inner one's entry stays in force
+  CHECK(class_under(registry, "LlamaMLP") == "Second");
+  second.reset();
+  CHECK(class_under(registry, "LlamaMLP") == "Plain");
+
+  registry.clear_patch_mapping();
+  first = std::make_unique<ScopedPatchMapping>(torchpatch::PatchMapping::Items{{"LlamaMLP", renamed_mlp("First")}},
+                                               false, registry);
+  second = std::make_unique<ScopedPatchMapping>(torchpatch::PatchMapping::Items{{"LlamaMLP", renamed_mlp("Second")}},
+                                                true, registry);
+  first.reset();
+  second.reset();
+  CHECK(class_under(registry, "LlamaMLP") == "(none)");  // nobody's entry is left behind
+}
+
+TEST_CASE("scoped mappings on one key from two threads leave nothing behind", "[hardening][scope][threads]") {
+  torchpatch::PatchRegistry registry;
+  int leftovers = 0;
+  for (int round = 0; round < 200; ++round) {
+    auto guard = [&](const std::string& name, int hold_us) {
+      torchpatch::ScopedPatchMapping scoped({{"LlamaMLP", renamed_mlp(name)}}, /*overwrite=*/true, registry);
+      std::this_thread::sleep_for(std::chrono::microseconds(hold_us));
+    };
+    std::thread a(guard, "A", 50 + round % 7 * 20), b(guard, "B", 50 + round % 5 * 30);
+    a.join();
+    b.join();
+    leftovers += registry.get_patch_mapping().empty() ? 0 : 1;
+  }
+  CHECK(leftovers == 0);
+}
+
+// -- integers from the user --------------------------------------------------------------------------
+
+TEST_CASE("max_new_tokens near INT64_MAX is refused without overflow", "[hardening][generate]") {
+  const auto r = torchpatch_cli("generate --preset tiny-llama --prompt-ids 1,2 --max-new-tokens 9223372036854775807");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Contains("max_new_tokens 9223372036854775807 = more than 2^63 positions, more than the model "
+                             "supports (256"));
+}
