@@ -19,6 +19,7 @@
 #include "torchpatch/error.h"
 #include "torchpatch/json_file.h"
 #include "torchpatch/models/config.h"
+#include "torchpatch/nn/rotary.h"
 #include "torchpatch/patching/class_table.h"
 #include "torchpatch/patching/registry.h"
 #include "torchpatch/runtime/auto.h"
@@ -264,4 +265,17 @@ TEST_CASE("max_new_tokens near INT64_MAX is refused without overflow", "[hardeni
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Contains("max_new_tokens 9223372036854775807 = more than 2^63 positions, more than the model "
                              "supports (256"));
+}
+
+TEST_CASE("longrope factors of the wrong count are refused when the model is built", "[hardening][rope]") {
+  torchpatch::nn::RopeOptions options;
+  options.rope.kind = torchpatch::nn::RopeKind::kLongrope;
+  options.rope.rope_type = "longrope";
+  options.rope.original_max_position_embeddings = 64;
+  options.rope.short_factor = std::vector<double>(4, 1.0);
+  options.rope.long_factor = std::vector<double>(3, 1.0);
+  options.head_dim = 8;
+  options.max_position_embeddings = 128;
+  CHECK_THROWS_WITH(torchpatch::nn::RotaryEmbedding(options),
+                    Contains("longrope needs 4 factors (rotary dimension 8 / 2), got 3"));
 }

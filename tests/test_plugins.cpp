@@ -187,7 +187,8 @@ TEST_CASE("a good drop-in plugin registers its replacement with its origin", "[p
   REQUIRE(f.host.offered_classes().size() == 1);
 
   // The host wrote into its own registry, not the global one.
-  for (const auto& entry : torchpatch::get_patch_mapping().entries()) {
+  const auto global = torchpatch::get_patch_mapping();  // held: entries() refers into it
+  for (const auto& entry : global.entries()) {
     CHECK(entry.cls.origin.plugin != kGoodName);
   }
 }

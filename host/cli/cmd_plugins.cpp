@@ -39,9 +39,13 @@ int cmd_plugins(const std::vector<std::string>& argv) {
     // Every family that can be built, built in or from a plugin.
     auto families = nlohmann::json::array();
     for (const auto& family : host->registries().families().all()) {
-      std::vector<std::string> classes;
+      std::vector<std::string> classes, presets;
       for (const auto& [name, factory] : family->model_classes) classes.push_back(name);
-      families.push_back({{"model_type", family->model_type}, {"origin", family->origin.describe()}, {"classes", classes}});
+      for (const auto& [name, config] : family->presets) presets.push_back(name);
+      families.push_back({{"model_type", family->model_type},
+                          {"origin", family->origin.describe()},
+                          {"classes", classes},
+                          {"presets", presets}});
     }
     std::cout << nlohmann::json{{"plugins", list}, {"families", families}}.dump(2) << "\n";
     return 0;
@@ -55,7 +59,15 @@ int cmd_plugins(const std::vector<std::string>& argv) {
                                fmt::join(c.keys, ", "));
     }
     for (const auto& c : p.conversions) std::cout << "          weight conversion for " << c << "\n";
-    for (const auto& f : p.families) std::cout << "          model family " << f << "\n";
+    for (const auto& f : p.families) {
+      std::string presets;
+      if (const auto family = host->registries().families().find(f); family && !family->presets.empty()) {
+        std::vector<std::string> names;
+        for (const auto& [name, config] : family->presets) names.push_back(name);
+        presets = fmt::format(" (presets: {})", fmt::join(names, ", "));
+      }
+      std::cout << "          model family " << f << presets << "\n";
+    }
     if (!p.reason.empty()) std::cout << "          reason: " << p.reason << "\n";
   }
   return 0;

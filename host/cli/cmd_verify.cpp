@@ -101,6 +101,100 @@ struct TempDir {
   }
 };
 
+
+// What the comparison found: every output, and for MoE models how many (token, layer) expert sets agree.
+struct Verdict {
+  std::vector<Comparison> outputs;
+  bool moe = false;
+  int64_t rows_total = 0, rows_agree = 0;
+  bool experts_ok() const { return rows_agree == rows_total; }
+  bool pass() const {
+    return experts_ok() && std::all_of(outputs.begin(), outputs.end(), [](const auto& c) { return c.ok; });
+  }
+};
+
+Verdict compare_outputs(const ModelOutput& want, const ModelOutput& got, const at::Tensor& mask, bool moe, double atol,
+                        double rtol) {
+  Verdict v;
+  v.moe = moe;
+  auto& results = v.outputs;
+  if (want.logits.defined()) results.push_back(compare("logits", got.logits, want.logits, mask, atol, rtol));
+  results.push_back(compare("last_hidden_state", got.last_hidden_state, want.last_hidden_state, mask, atol, rtol));
+  if (want.pooler_output.defined()) {
+    results.push_back(compare("pooler_output", got.pooler_output, want.pooler_output, {}, atol, rtol));
+  }
+  if (got.hidden_states.size() != want.hidden_states.size()) {
+    throw Error(fmt::format("hidden_states: the patched model gives {}, the original {}", got.hidden_states.size(),
+                            want.hidden_states.size()));
+  }
+  for (size_t i = 0; i < want.hidden_states.size(); ++i) {
+    results.push_back(compare(fmt::format("hidden_states[{}]", i), got.hidden_states[i], want.hidden_states[i], mask,
+                              atol, rtol));
+  }
+  if (!moe) return v;
+  // Router logits per sparse layer (rows b*T+t) and the chosen experts, exactly.
+  const auto row_mask = mask.defined() ? mask.reshape({-1}) : at::Tensor();
+  const auto& logits_a = want.captured.at("router_logits");
+  const auto& logits_b = got.captured.at("router_logits");
+  const auto& experts_a = want.captured.at("selected_experts");
+  const auto& experts_b = got.captured.at("selected_experts");
+  if (logits_a.size() != logits_b.size() || experts_a.size() != experts_b.size()) {
+    throw Error(fmt::format("the patched model routes in {} layers, the original in {}", experts_b.size(),
+                            experts_a.size()));
+  }
+  for (size_t i = 0; i < logits_a.size(); ++i) {
+    results.push_back(compare(fmt::format("router_logits[{}]", i), logits_b[i], logits_a[i], row_mask, atol, rtol));
+    auto same = (experts_a[i] == experts_b[i]).all(-1);  // [rows]
+    if (row_mask.defined()) same = same.masked_select(row_mask.to(at::kBool));
+    v.rows_total += same.numel();
+    v.rows_agree += same.sum().item<int64_t>();
+  }
+  return v;
+}
+
+// "model.layers.0.self_attn: LlamaAttention -> FusedQKVAttention" per replaced patch point.
+std::vector<std::string> replaced_points(const LoadedModel& loaded) {
+  std::vector<std::string> replaced;
+  const auto& record = loaded.model->patch_record();
+  if (record.patched()) replaced.push_back(fmt::format("(the model): {} -> {}", record.key, record.class_name));
+  for (const auto& point : loaded.plan) {
+    if (point.record.patched()) replaced.push_back(fmt::format("{}: {} -> {}", point.path, point.record.key, point.record.class_name));
+  }
+  return replaced;
+}
+
+// The original, built with no patch at all. A preset is first saved to `temp` so both models load the
+// same tensors; `weights` receives where they are.
+std::shared_ptr<PretrainedModel> build_original(const Args& args, const PretrainedOptions& options, const TempDir& temp,
+                                                fs::path& weights) {
+  ApplyPatches none(PatchMapping(), options.registries.patch_tables());
+  weights = args.value("model");
+  if (args.has("preset")) {
+    auto as_built = options;
+    as_built.dtype.reset();  // saved in float32; both models then load it in --dtype
+    checkpoint::SaveOptions save;
+    save.conversions = &options.registries.conversions();
+    checkpoint::save_pretrained(*preset_model(args.value("preset"), /*seed=*/0, as_built), temp.path, save);
+    weights = temp.path;
+  }
+  return from_pretrained(weights, options);
+}
+
+void print_verdict(const std::string& heading, const std::vector<std::string>& replaced, const Verdict& v, double atol,
+                   double rtol) {
+  std::cout << heading;
+  for (const auto& line : replaced) std::cout << "  " << line << "\n";
+  std::cout << fmt::format("{:<22} {:>12} {:>12}  within atol {:g} + rtol {:g}\n", "output", "max abs", "max rel",
+                           atol, rtol);
+  for (const auto& c : v.outputs) {
+    std::cout << fmt::format("{:<22} {:>12.3g} {:>12.3g}  {}\n", c.name, c.max_abs, c.max_rel, c.ok ? "yes" : "NO");
+  }
+  if (v.moe) {
+    std::cout << fmt::format("expert choices: {} of {} (token, layer) top-k sets agree{}\n", v.rows_agree, v.rows_total,
+                             v.experts_ok() ? "" : " (DIFFERENT)");
+  }
+}
+
 }  // namespace
 
 int cmd_verify(const std::vector<std::string>& argv) {
@@ -130,33 +224,14 @@ int cmd_verify(const std::vector<std::string>& argv) {
   apply_patch_args(*host, args);
   const PretrainedOptions options = pretrained_options(args, *host);
 
-  // The original, built with no patch at all; a preset is saved so both load the same tensors.
   TempDir temp;
-  fs::path weights = args.value("model");
-  std::shared_ptr<PretrainedModel> original;
-  {
-    ApplyPatches none(PatchMapping(), options.registries.patch_tables());
-    if (args.has("preset")) {
-      auto as_built = options;
-      as_built.dtype.reset();  // saved in float32; both models then load it in --dtype
-      checkpoint::SaveOptions save;
-      save.conversions = &options.registries.conversions();
-      checkpoint::save_pretrained(*preset_model(args.value("preset"), /*seed=*/0, as_built), temp.path, save);
-      weights = temp.path;
-    }
-    original = from_pretrained(weights, options);
-  }
+  fs::path weights;
+  const auto original = build_original(args, options, temp, weights);
   ModelSource patched_source;
   patched_source.checkpoint = weights;
   const auto loaded = load_model(patched_source, LoadModelOptions{options, args.flag("strict")});
   const auto patched = loaded.model;
-  std::vector<std::string> replaced;
-  if (patched->patch_record().patched()) {  // the whole model replaced (every model is a patch point)
-    replaced.push_back(fmt::format("(the model): {} -> {}", patched->patch_record().key, patched->patch_record().class_name));
-  }
-  for (const auto& point : loaded.plan) {
-    if (point.record.patched()) replaced.push_back(fmt::format("{}: {} -> {}", point.path, point.record.key, point.record.class_name));
-  }
+  const auto replaced = replaced_points(loaded);
   if (replaced.empty()) {
     throw UsageError(fmt::format("nothing to verify: no patch point of {} is replaced (give --patch KEY=CLASS or "
                                  "--plugin-dir DIR)",
@@ -174,71 +249,27 @@ int cmd_verify(const std::vector<std::string>& argv) {
   at::NoGradGuard no_grad;
   const auto want = original->forward(inputs);
   const auto got = patched->forward(inputs);
-  const auto& mask = inputs.attention_mask;
-  std::vector<Comparison> results;
-  if (want.logits.defined()) results.push_back(compare("logits", got.logits, want.logits, mask, atol, rtol));
-  results.push_back(compare("last_hidden_state", got.last_hidden_state, want.last_hidden_state, mask, atol, rtol));
-  if (want.pooler_output.defined()) {
-    results.push_back(compare("pooler_output", got.pooler_output, want.pooler_output, {}, atol, rtol));
-  }
-  if (got.hidden_states.size() != want.hidden_states.size()) {
-    throw Error(fmt::format("hidden_states: the patched model gives {}, the original {}", got.hidden_states.size(),
-                            want.hidden_states.size()));
-  }
-  for (size_t i = 0; i < want.hidden_states.size(); ++i) {
-    results.push_back(compare(fmt::format("hidden_states[{}]", i), got.hidden_states[i], want.hidden_states[i], mask,
-                              atol, rtol));
-  }
-  // MoE: router logits per sparse layer (rows b*T+t) and the chosen experts, exactly.
-  int64_t rows_total = 0, rows_agree = 0;
-  if (moe) {
-    const auto row_mask = mask.defined() ? mask.reshape({-1}) : at::Tensor();
-    const auto& logits_a = want.captured.at("router_logits");
-    const auto& logits_b = got.captured.at("router_logits");
-    const auto& experts_a = want.captured.at("selected_experts");
-    const auto& experts_b = got.captured.at("selected_experts");
-    if (logits_a.size() != logits_b.size() || experts_a.size() != experts_b.size()) {
-      throw Error(fmt::format("the patched model routes in {} layers, the original in {}", experts_b.size(),
-                              experts_a.size()));
-    }
-    for (size_t i = 0; i < logits_a.size(); ++i) {
-      results.push_back(compare(fmt::format("router_logits[{}]", i), logits_b[i], logits_a[i], row_mask, atol, rtol));
-      auto same = (experts_a[i] == experts_b[i]).all(-1);  // [rows]
-      if (row_mask.defined()) same = same.masked_select(row_mask.to(at::kBool));
-      rows_total += same.numel();
-      rows_agree += same.sum().item<int64_t>();
-    }
-  }
+  const Verdict verdict = compare_outputs(want, got, inputs.attention_mask, moe, atol, rtol);
   const auto [t_original, t_patched] = median_seconds(*original, *patched, inputs, repeat);
   const double speed_ratio = t_original / t_patched;
-  const bool experts_ok = rows_agree == rows_total;
-  const bool pass = experts_ok && std::all_of(results.begin(), results.end(), [](const auto& c) { return c.ok; });
+  const bool pass = verdict.pass();
 
   if (args.flag("json")) {
     auto outputs = nlohmann::json::array();
-    for (const auto& c : results) {
+    for (const auto& c : verdict.outputs) {
       outputs.push_back({{"name", c.name}, {"max_abs_diff", c.max_abs}, {"max_rel_diff", c.max_rel}, {"ok", c.ok}});
     }
     nlohmann::json j{{"model", original->class_name()}, {"replaced", replaced}, {"outputs", outputs},
                      {"atol", atol}, {"rtol", rtol}, {"original_seconds", t_original},
                      {"patched_seconds", t_patched}, {"speed_ratio", speed_ratio}, {"pass", pass}};
-    if (moe) j["expert_choices"] = {{"rows", rows_total}, {"agree", rows_agree}};
+    if (moe) j["expert_choices"] = {{"rows", verdict.rows_total}, {"agree", verdict.rows_agree}};
     std::cout << j.dump(2) << "\n";
     return pass ? 0 : 1;
   }
   const std::string source = args.has("preset") ? "preset " + args.value("preset") : weights.string();
-  std::cout << fmt::format("{} from {}: {} patch point{} replaced\n", original->class_name(), source,
-                           replaced.size(), replaced.size() == 1 ? "" : "s");
-  for (const auto& line : replaced) std::cout << "  " << line << "\n";
-  std::cout << fmt::format("{:<22} {:>12} {:>12}  within atol {:g} + rtol {:g}\n", "output", "max abs", "max rel",
-                           atol, rtol);
-  for (const auto& c : results) {
-    std::cout << fmt::format("{:<22} {:>12.3g} {:>12.3g}  {}\n", c.name, c.max_abs, c.max_rel, c.ok ? "yes" : "NO");
-  }
-  if (moe) {
-    std::cout << fmt::format("expert choices: {} of {} (token, layer) top-k sets agree{}\n", rows_agree, rows_total,
-                             experts_ok ? "" : " (DIFFERENT)");
-  }
+  print_verdict(fmt::format("{} from {}: {} patch point{} replaced\n", original->class_name(), source, replaced.size(),
+                            replaced.size() == 1 ? "" : "s"),
+                replaced, verdict, atol, rtol);
   std::cout << fmt::format("speed: original {:.2f} ms, patched {:.2f} ms per forward (median of {}, alternating): patched runs at "
                            "{:.2f}x the original's speed\n",
                            t_original * 1e3, t_patched * 1e3, repeat, speed_ratio);

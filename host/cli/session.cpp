@@ -29,7 +29,9 @@ std::vector<OptionSpec> model_options() {
   auto specs = plugin_options();
   specs.insert(specs.begin(),
                {{"model", "DIR", "Hugging Face checkpoint directory (config.json + model.safetensors)"},
-                {"preset", "NAME", fmt::format("built-in model with fixed random weights ({})", fmt::join(preset_names(), ", "))},
+                {"preset", "NAME", fmt::format("built-in model with fixed random weights ({}; plugin families add "
+                                               "theirs, `torchpatch plugins` lists them)",
+                                               fmt::join(preset_names(), ", "))},
                 {"patch", "KEY=CLASS", "replace patch point KEY (class name or regex) with CLASS", true},
                 {"dtype", "TYPE", "parameter dtype: float32 (default), bfloat16 or float16"},
                 {"experts", "IMPL", "MoE experts implementation: grouped (default) or eager"},

@@ -224,7 +224,9 @@ std::optional<std::string> PluginHost::check_conversions(std::vector<RegistrarCo
   // Conversions keyed by the plugin's own classes apply only where those classes are used; others
   // (a model type, say) change loading everywhere, so a catalogue plugin does not register them:
   // that is refused, not dropped, so the plugin's author hears of it.
-  for (auto& [key, rules] : all) {
+  for (auto& conversion : all) {
+    const std::string& key = conversion.first;  // not a structured binding: the lambda captures it
+    auto& rules = conversion.second;
     const bool own_class = std::any_of(offered.begin(), offered.end(), [&](const auto& c) { return c.name == key; });
     if (mode == PluginMode::Catalogue && !own_class) {
       return fmt::format("conversion rules for '{}', which is not a class of this plugin: a bundled (catalogue) "

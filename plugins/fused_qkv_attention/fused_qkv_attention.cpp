@@ -5,7 +5,6 @@
 #include <ATen/ATen.h>
 
 #include "torchpatch/models/blocks.h"
-#include "torchpatch/nn/attention.h"
 #include "torchpatch/plugin_api.h"
 
 namespace {
@@ -14,33 +13,15 @@ using torchpatch::BuildContext;
 using torchpatch::ModelConfig;
 
 std::vector<int64_t> qkv_sizes(const torchpatch::Config& config) {
-  const auto& d = config.as<ModelConfig>().decoder;
-  return {d.num_attention_heads * d.head_dim, d.num_key_value_heads * d.head_dim, d.num_key_value_heads * d.head_dim};
+  return torchpatch::FusedQkvAttention::split_sizes(config.as<ModelConfig>().decoder);
 }
 
-class FusedQKVAttention : public torchpatch::roles::Attention {
+// The shared fused block (models/blocks.h), under its own name, with the replaced class's biases.
+class FusedQKVAttention : public torchpatch::FusedQkvAttention {
  public:
   explicit FusedQKVAttention(const BuildContext& ctx)
-      : sizes_(qkv_sizes(ctx.config)) {
-    const auto& d = torchpatch::model_config(ctx).decoder;
-    shape_ = {d.num_attention_heads, d.num_key_value_heads, d.head_dim, 1.0 / std::sqrt(static_cast<double>(d.head_dim))};
-    using torchpatch::nn::Linear;
-    qkv_proj = register_module("qkv_proj", std::make_shared<Linear>(d.hidden_size, sizes_[0] + sizes_[1] + sizes_[2],
-                                                                    d.qkv_bias));
-    o_proj = register_module("o_proj", std::make_shared<Linear>(sizes_[0], d.hidden_size, d.o_bias));
-  }
-
-  std::shared_ptr<torchpatch::nn::Linear> qkv_proj, o_proj;
-
- protected:
-  at::Tensor forward_impl(const at::Tensor& hidden, const torchpatch::AttentionInputs& inputs) override {
-    const auto qkv = qkv_proj->forward(hidden).split_with_sizes(sizes_, -1);  // one matmul instead of three
-    return o_proj->forward(torchpatch::nn::grouped_query_attention(qkv[0], qkv[1], qkv[2], inputs, shape_));
-  }
-
- private:
-  std::vector<int64_t> sizes_;
-  torchpatch::nn::GqaShape shape_;
+      : torchpatch::FusedQkvAttention(torchpatch::model_config(ctx).decoder, torchpatch::model_config(ctx).decoder.qkv_bias,
+                                      torchpatch::model_config(ctx).decoder.o_bias) {}
 };
 
 torchpatch::checkpoint::ConversionRules fused_qkv_rules(const torchpatch::Config& config) {

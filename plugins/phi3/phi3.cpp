@@ -21,28 +21,11 @@ const DecoderSpec& spec() {
   return spec;
 }
 
-class Phi3Attention : public roles::Attention {
+// The shared fused block: Phi-3's checkpoints hold qkv_proj as the module does, so no conversion.
+class Phi3Attention : public FusedQkvAttention {
  public:
-  explicit Phi3Attention(const BuildContext& ctx) {
-    const auto& d = model_config(ctx).decoder;
-    shape_ = {d.num_attention_heads, d.num_key_value_heads, d.head_dim, 1.0 / std::sqrt(static_cast<double>(d.head_dim))};
-    sizes_ = {d.num_attention_heads * d.head_dim, d.num_key_value_heads * d.head_dim, d.num_key_value_heads * d.head_dim};
-    qkv_proj = register_module("qkv_proj", std::make_shared<nn::Linear>(d.hidden_size, sizes_[0] + 2 * sizes_[1], false));
-    o_proj = register_module("o_proj", std::make_shared<nn::Linear>(sizes_[0], d.hidden_size, false));
-  }
-
-  std::shared_ptr<nn::Linear> qkv_proj, o_proj;
-
- protected:
-  // hidden [B, Q, H] -> q [B, Q, nH*hd], k/v [B, Q, nKV*hd] -> [B, Q, H]
-  at::Tensor forward_impl(const at::Tensor& hidden, const AttentionInputs& inputs) override {
-    const auto qkv = qkv_proj->forward(hidden).split_with_sizes(sizes_, -1);
-    return o_proj->forward(nn::grouped_query_attention(qkv[0], qkv[1], qkv[2], inputs, shape_));
-  }
-
- private:
-  nn::GqaShape shape_{};
-  std::vector<int64_t> sizes_;
+  explicit Phi3Attention(const BuildContext& ctx)
+      : FusedQkvAttention(model_config(ctx).decoder, /*qkv_bias=*/false, /*o_bias=*/false) {}
 };
 
 class Phi3MLP : public roles::Mlp {

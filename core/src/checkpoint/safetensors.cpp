@@ -328,7 +328,9 @@ void save_safetensors(const std::filesystem::path& path,
   contiguous.reserve(tensors.size());
   std::set<std::string> seen;
   uint64_t offset = 0;
-  for (const auto& [name, tensor] : tensors) {
+  for (const auto& item : tensors) {
+    const std::string& name = item.first;  // not a structured binding: lambdas capture it (C++17)
+    const at::Tensor& tensor = item.second;
     auto bad = [&](const std::string& cause) { return fail(fmt::format("tensor '{}': {}", name, cause)); };
     if (name == kMetadataKey) throw bad("the name is reserved for metadata");
     if (!seen.insert(name).second) throw bad("duplicate tensor name");

@@ -1,5 +1,7 @@
 #include "torchpatch/models/blocks.h"
 
+#include <cmath>
+
 #include <ATen/ATen.h>
 
 #include "torchpatch/patching/build.h"
@@ -33,6 +35,23 @@ nn::ExpertsOptions experts_options(const DecoderConfig& d) {
 }
 
 // -- decoder layer --------------------------------------------------------------------------------
+
+std::vector<int64_t> FusedQkvAttention::split_sizes(const DecoderConfig& d) {
+  return {d.num_attention_heads * d.head_dim, d.num_key_value_heads * d.head_dim, d.num_key_value_heads * d.head_dim};
+}
+
+FusedQkvAttention::FusedQkvAttention(const DecoderConfig& d, bool qkv_bias, bool o_bias)
+    : sizes_(split_sizes(d)),
+      shape_{d.num_attention_heads, d.num_key_value_heads, d.head_dim, 1.0 / std::sqrt(static_cast<double>(d.head_dim))} {
+  qkv_proj = register_module("qkv_proj",
+                             std::make_shared<nn::Linear>(d.hidden_size, sizes_[0] + sizes_[1] + sizes_[2], qkv_bias));
+  o_proj = register_module("o_proj", std::make_shared<nn::Linear>(sizes_[0], d.hidden_size, o_bias));
+}
+
+at::Tensor FusedQkvAttention::forward_impl(const at::Tensor& hidden, const AttentionInputs& inputs) {
+  const auto qkv = qkv_proj->forward(hidden).split_with_sizes(sizes_, -1);
+  return o_proj->forward(nn::grouped_query_attention(qkv[0], qkv[1], qkv[2], inputs, shape_));
+}
 
 PreNormDecoderLayer::PreNormDecoderLayer(const BuildContext& ctx, const DecoderSpec& spec) {
   const auto& d = model_config(ctx).decoder;

@@ -127,7 +127,14 @@ RotaryEmbedding::RotaryEmbedding(const RopeOptions& options)
       freq_(rope_frequencies(options)),
       original_(freq_),
       max_seq_len_cached_(options.max_position_embeddings),
-      dynamic_mutex_(std::make_shared<std::mutex>()) {}
+      dynamic_mutex_(std::make_shared<std::mutex>()) {
+  if (options.rope.kind == RopeKind::kLongrope) {
+    // Both factor sets, computed (and checked) once: a forward only picks one.
+    longrope_threshold_ = options.rope.original_max_position_embeddings > 0 ? options.rope.original_max_position_embeddings
+                                                                            : options.max_position_embeddings;
+    long_ = rope_frequencies(options, longrope_threshold_ + 1);
+  }
+}
 
 RopeFrequencies RotaryEmbedding::dynamic_update(int64_t seq_len) {
   std::lock_guard<std::mutex> lock(*dynamic_mutex_);
@@ -146,7 +153,9 @@ RopeFrequencies RotaryEmbedding::dynamic_update(int64_t seq_len) {
 std::pair<at::Tensor, at::Tensor> RotaryEmbedding::forward(const at::Tensor& position_ids, c10::ScalarType dtype) {
   RopeFrequencies freq = freq_;
   if (options_.rope.kind == RopeKind::kDynamic) freq = dynamic_update(position_ids.max().item<int64_t>() + 1);
-  if (options_.rope.kind == RopeKind::kLongrope) freq = rope_frequencies(options_, position_ids.max().item<int64_t>() + 1);
+  if (options_.rope.kind == RopeKind::kLongrope && position_ids.max().item<int64_t>() + 1 > longrope_threshold_) {
+    freq = long_;
+  }
   // freqs [B, Q, rot/2] = position * inv_freq, in float32 (a product, as the original's matmul with K=1)
   auto freqs = position_ids.to(at::kFloat).unsqueeze(-1) * freq.inv_freq.unsqueeze(0).unsqueeze(0);
   auto emb = at::cat({freqs, freqs}, -1);

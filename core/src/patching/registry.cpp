@@ -87,7 +87,9 @@ void PatchMapping::insert(const Items& items, bool overwrite, const ClassTable* 
   // Validate everything against a working copy first: all or nothing.
   std::vector<Entry> entries = entries_;
   auto patterns = patterns_;
-  for (const auto& [key, cls] : items) {
+  for (const auto& item : items) {
+    const std::string& key = item.first;  // not a structured binding: the lambda below captures it
+    const ModuleClass& cls = item.second;
     validate_entry(key, cls, classes);
     auto compiled = compile_pattern(key);
     auto it = std::find_if(entries.begin(), entries.end(), [&](const Entry& e) { return e.key == key; });

@@ -1,11 +1,13 @@
-// Blocks the decoder families share that are made of patch points: the pre-norm decoder layer and
-// the sparse MoE block. (Blocks without patch points of their own live in nn/.)
+// Blocks the decoder families share that are made of patch points or read a decoder config: the
+// pre-norm decoder layer, the sparse MoE block, attention with fused projections. (Blocks that take
+// plain options live in nn/.)
 #pragma once
 
 #include "torchpatch/export.h"
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "torchpatch/models/config.h"
 #include "torchpatch/nn/attention.h"
@@ -53,6 +55,26 @@ class TORCHPATCH_API PreNormDecoderLayer : public roles::DecoderLayer {
 
  protected:
   at::Tensor forward_impl(const at::Tensor& hidden, const AttentionInputs& inputs) override;
+};
+
+/// Grouped-query attention with one fused `qkv_proj` [(nH + 2 nKV) * hd, H] and `o_proj`: Phi-3's
+/// layout, and the FusedQKVAttention replacement's. One matmul instead of three.
+class TORCHPATCH_API FusedQkvAttention : public roles::Attention {
+ public:
+  FusedQkvAttention(const DecoderConfig& config, bool qkv_bias, bool o_bias);
+
+  std::shared_ptr<nn::Linear> qkv_proj, o_proj;
+
+  /// The split sizes of qkv_proj's output: {nH * hd, nKV * hd, nKV * hd}.
+  static std::vector<int64_t> split_sizes(const DecoderConfig& config);
+
+ protected:
+  // hidden [B, Q, H] -> q [B, Q, nH*hd], k/v [B, Q, nKV*hd] -> [B, Q, H]
+  at::Tensor forward_impl(const at::Tensor& hidden, const AttentionInputs& inputs) override;
+
+ private:
+  std::vector<int64_t> sizes_;
+  nn::GqaShape shape_{};
 };
 
 /// `XSparseMoeBlock` (fills an MLP slot): route, run the chosen experts, add the shared expert

@@ -81,6 +81,8 @@ class TORCHPATCH_API RotaryEmbedding {
   RopeOptions options_;
   RopeFrequencies freq_;
   RopeFrequencies original_;
+  RopeFrequencies long_;             // longrope: the frequencies past longrope_threshold_ positions
+  int64_t longrope_threshold_ = 0;
   int64_t max_seq_len_cached_ = 0;
   std::shared_ptr<std::mutex> dynamic_mutex_;
 };
