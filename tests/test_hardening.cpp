@@ -279,3 +279,28 @@ TEST_CASE("longrope factors of the wrong count are refused when the model is bui
   CHECK_THROWS_WITH(torchpatch::nn::RotaryEmbedding(options),
                     Contains("longrope needs 4 factors (rotary dimension 8 / 2), got 3"));
 }
+
+TEST_CASE("bench --repeats and --threads past what an int holds are usage errors", "[hardening][cli]") {
+  auto r = torchpatch_cli("bench --preset tiny-llama --threads 4294967297");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains("--threads: 4294967297 is more than 4096"));
+  r = torchpatch_cli("bench --preset tiny-llama --repeats 4294967296");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains("--repeats: 4294967296 is more than 1000000"));
+}
+
+TEST_CASE("a LibTorch failure is one line naming its cause; --debug adds the backtrace", "[hardening][cli]") {
+  ScratchDir dir("storage-overflow");
+  auto config = torchpatch::ModelConfig::from_file(testutil::data_dir() / "llama_basic").raw;
+  config["intermediate_size"] = int64_t{1} << 62;  // passes the config checks, overflows LibTorch's storage size
+  write_text(dir.path / "config.json", config.dump());
+  fs::copy_file(testutil::data_dir() / "llama_basic" / "model.safetensors", dir.path / "model.safetensors");
+  auto r = torchpatch_cli("run --model " + dir.path.string() + " --prompt-ids 1");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Contains("error: Storage size calculation overflowed") &&
+                        Contains("(from LibTorch; --debug shows where)") && !Contains("Exception raised from"));
+  CHECK(testutil::count(r.out, "\n") == 1);
+  r = torchpatch_cli("run --debug --model " + dir.path.string() + " --prompt-ids 1");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Contains("Exception raised from"));
+}

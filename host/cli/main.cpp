@@ -3,6 +3,8 @@
 #include <string>
 #include <vector>
 
+#include <c10/util/Exception.h>
+
 #include "args.h"
 #include "commands.h"
 #include "torchpatch/error.h"
@@ -23,8 +25,15 @@ commands:
   routing   record a MoE model's expert choices (.npy) and replay them in a training pass
   verify    compare the patched model with the original on the same weights and inputs
 
-Run 'torchpatch <command> --help' for a command's options.
+Run 'torchpatch <command> --help' for a command's options. Any command takes --debug: an error from
+LibTorch is then printed with its backtrace.
 )";
+
+// LibTorch's message without its backtrace: the first line of what_without_backtrace().
+std::string first_line(const c10::Error& e) {
+  const std::string text = e.what_without_backtrace();
+  return text.substr(0, text.find('\n'));
+}
 
 }  // namespace
 
@@ -36,7 +45,12 @@ int main(int argc, char** argv) {
     return all.empty() ? 2 : 0;
   }
   const std::string command = all[0];
-  const std::vector<std::string> rest(all.begin() + 1, all.end());
+  std::vector<std::string> rest;
+  bool debug = false;
+  for (auto it = all.begin() + 1; it != all.end(); ++it) {
+    if (*it == "--debug") debug = true;
+    else rest.push_back(*it);
+  }
   try {
     if (command == "plugins") return cmd_plugins(rest);
     if (command == "plan") return cmd_plan(rest);
@@ -53,6 +67,13 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const torchpatch::Error& e) {
     std::cerr << "torchpatch " << command << ": error: " << e.what() << "\n";
+    return 1;
+  } catch (const c10::Error& e) {
+    std::cerr << "torchpatch " << command << ": error: " << (debug ? std::string(e.what()) : first_line(e))
+              << (debug ? "" : " (from LibTorch; --debug shows where)") << "\n";
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "torchpatch " << command << ": error: out of memory\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "torchpatch " << command << ": error: " << e.what() << "\n";
