@@ -115,7 +115,10 @@ void replace_directory(const fs::path& given, const DirectorySwap& swap) {
   remove_abandoned_staging(target);
   const fs::path staging = staging_path(target);
   try {
-    fs::create_directory(staging);
+    if (!fs::create_directory(staging, ec) && ec) {
+      throw CheckpointError(fmt::format("{}: cannot create a staging directory in {}: {}", target.string(),
+                                        parent.string(), ec.message()));
+    }
     swap.write(staging);
     if (exists) {
       carry_over(target, staging, swap, /*top=*/true);

@@ -46,9 +46,10 @@ std::shared_ptr<PretrainedModel> from_pretrained(const std::filesystem::path& di
   const auto& registries = options.registries;
   // Config and weights through one directory handle, so a save swapping a new checkpoint in meanwhile
   // cannot give us the config of one and the weights of the other.
-  const auto config_path = std::filesystem::is_directory(dir) ? dir / "config.json" : dir;
+  const bool is_dir = std::filesystem::is_directory(dir);
+  const auto config_path = is_dir ? dir / "config.json" : dir;
   std::optional<checkpoint::DirectoryHandle> handle;
-  if (std::filesystem::is_directory(dir)) handle = checkpoint::DirectoryHandle::open(dir);
+  if (is_dir) handle = checkpoint::DirectoryHandle::open(dir);
   const auto config = with_overrides(
       handle ? ModelConfig::from_file(handle->file("config.json"), &registries.families(), config_path.string())
              : ModelConfig::from_file(dir, &registries.families()),
