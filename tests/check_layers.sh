@@ -18,7 +18,7 @@ layer_of() {  # a path under include/torchpatch or src, or an include target "to
     *models/* | *generation/* | *moe/*) echo 4 ;;
     *runtime/*) echo 5 ;;
     *base/* | torchpatch/config.h | torchpatch/error.h | torchpatch/export.h | torchpatch/version.h | \
-      torchpatch/json_file.h | */torchpatch/config.h | */torchpatch/error.h | */torchpatch/export.h | \
+      torchpatch/json_file.h | torchpatch/printable.h | */torchpatch/printable.h | */torchpatch/config.h | */torchpatch/error.h | */torchpatch/export.h | \
       */torchpatch/version.h | */torchpatch/json_file.h) echo 0 ;;
     *) echo unknown ;;
   esac

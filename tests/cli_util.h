@@ -38,6 +38,21 @@ inline std::filesystem::path temp_file(const std::string& name) {
   return std::filesystem::temp_directory_path() / ("torchpatch-cli-" + std::to_string(::getpid()) + "-" + name);
 }
 
+// A fresh directory (from temp_file(name)) removed at scope exit.
+struct ScratchDir {
+  std::filesystem::path path;
+  explicit ScratchDir(const std::string& name) : path(temp_file(name)) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~ScratchDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+};
+
 inline std::size_t count(const std::string& text, const std::string& what) {
   std::size_t n = 0;
   for (auto pos = text.find(what); pos != std::string::npos; pos = text.find(what, pos + 1)) ++n;

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <thread>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "torchpatch/checkpoint/safetensors.h"
@@ -27,6 +28,7 @@
 extern char** environ;
 
 using Catch::Matchers::Contains;
+using testutil::ScratchDir;
 using testutil::temp_file;
 using testutil::torchpatch_cli;
 namespace fs = std::filesystem;
@@ -39,19 +41,6 @@ void write_text(const fs::path& path, const std::string& text) {
 }
 
 std::string nested_array(int depth) { return std::string(depth, '[') + std::string(depth, ']'); }
-
-// A fresh directory removed at scope exit.
-struct ScratchDir {
-  fs::path path;
-  explicit ScratchDir(const std::string& name) : path(temp_file(name)) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~ScratchDir() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-};
 
 // The model_type of DIR's checkpoint, after loading it strictly: "" when it does not load.
 std::string loads_as(const fs::path& dir) {
@@ -203,6 +192,30 @@ TEST_CASE("torchpatch save killed at any moment leaves the old or the new checkp
   WARN("outcomes of " << kills << " kills: llama (old) " << outcomes["llama"] << ", mistral (new) " << outcomes["mistral"]);
 }
 
+TEST_CASE("readers while saves replace the checkpoint load the old or the new one, never a mix",
+          "[hardening][save][readers]") {
+  ScratchDir dir("read-during-save");
+  const auto out = dir.path / "ckpt";
+  REQUIRE(torchpatch_cli("save --preset tiny-llama --max-shard-bytes 20000 --out " + out.string()).code == 0);
+  // Saves alternating two families (a mix of their files cannot load strictly), in the background.
+  const std::string save = std::string(TORCHPATCH_CLI) + " save --max-shard-bytes 30000 --out " + out.string();
+  const std::string loop = "for i in 1 2 3 4 5 6 7 8; do " + save + " --preset tiny-mistral && " + save +
+                           " --preset tiny-llama || exit 1; done";
+  const char* argv[] = {"/bin/sh", "-c", loop.c_str(), nullptr};
+  pid_t saver = -1;
+  REQUIRE(posix_spawn(&saver, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ) == 0);
+  std::map<std::string, int> outcomes;
+  int status = 0;
+  while (::waitpid(saver, &status, WNOHANG) == 0) {
+    const auto type = loads_as(out);
+    CHECK((type == "llama" || type == "mistral"));
+    outcomes[type]++;
+  }
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  CHECK(outcomes["llama"] + outcomes["mistral"] > 10);
+  WARN("loads during 16 saves: llama " << outcomes["llama"] << ", mistral " << outcomes["mistral"]);
+}
+
 // -- scoped registrations ----------------------------------------------------------------------------
 
 namespace {
@@ -295,12 +308,161 @@ TEST_CASE("a LibTorch failure is one line naming its cause; --debug adds the bac
   config["intermediate_size"] = int64_t{1} << 62;  // passes the config checks, overflows LibTorch's storage size
   write_text(dir.path / "config.json", config.dump());
   fs::copy_file(testutil::data_dir() / "llama_basic" / "model.safetensors", dir.path / "model.safetensors");
-  auto r = torchpatch_cli("run --model " + dir.path.string() + " --prompt-ids 1");
+  // Past the size checks (which would refuse it first) to LibTorch's own.
+  const std::string past_checks = " --allow-incomplete --no-memory-check";
+  auto r = torchpatch_cli("run --model " + dir.path.string() + " --prompt-ids 1" + past_checks);
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Contains("error: Storage size calculation overflowed") &&
                         Contains("(from LibTorch; --debug shows where)") && !Contains("Exception raised from"));
   CHECK(testutil::count(r.out, "\n") == 1);
-  r = torchpatch_cli("run --debug --model " + dir.path.string() + " --prompt-ids 1");
+  r = torchpatch_cli("run --debug --model " + dir.path.string() + " --prompt-ids 1" + past_checks);
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Contains("Exception raised from"));
+}
+
+// -- absurd configs: refused before anything is allocated ----------------------------------------------
+
+namespace {
+
+// llama_basic's checkpoint with config.json fields changed.
+struct ChangedConfig {
+  ScratchDir dir;
+  ChangedConfig(const std::string& name, const nlohmann::json& changes) : dir(name) {
+    auto config = torchpatch::ModelConfig::from_file(testutil::data_dir() / "llama_basic").raw;
+    config.update(changes);
+    write_text(dir.path / "config.json", config.dump());
+    fs::copy_file(testutil::data_dir() / "llama_basic" / "model.safetensors", dir.path / "model.safetensors");
+  }
+  std::string run(const std::string& extra = "") const {
+    const auto r = torchpatch_cli("run --model " + dir.path.string() + " --prompt-ids 1" + extra);
+    return r.code == 1 ? r.out : fmt::format("(exit {}) {}", r.code, r.out);
+  }
+};
+
+std::string config_error(const nlohmann::json& changes) {
+  auto config = torchpatch::ModelConfig::from_file(testutil::data_dir() / "llama_basic").raw;
+  config.update(changes);
+  try {
+    torchpatch::ModelConfig::from_json(config, "config.json");
+  } catch (const torchpatch::ConfigError& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+}  // namespace
+
+TEST_CASE("sizes that cannot fit the checkpoint are refused before building", "[hardening][config]") {
+  const auto start = std::chrono::steady_clock::now();
+  for (const auto& [field, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"num_hidden_layers", 1000000}, {"vocab_size", int64_t{1000000000000}}, {"hidden_size", int64_t{1} << 40},
+           {"head_dim", int64_t{1} << 40}, {"intermediate_size", int64_t{1} << 62}}) {
+    INFO(field << " = " << value);
+    const ChangedConfig changed("absurd-" + field, {{field, value}});
+    CHECK_THAT(changed.run(), Contains("config.json: describes a model of at least") &&
+                                  Contains("but the checkpoint's tensors hold") && Contains("before building anything"));
+  }
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(60));  // not building 10^6 layers
+}
+
+TEST_CASE("a model larger than the machine's memory is refused with both figures", "[hardening][config]") {
+  const ChangedConfig changed("absurd-memory", {{"vocab_size", int64_t{1000000000000}}});
+  CHECK_THAT(changed.run(" --allow-incomplete"),
+             Contains("a model of at least") && Contains("TB as Float, more than this machine's") &&
+                 Contains("GB of memory") && Contains("--no-memory-check"));
+}
+
+TEST_CASE("rope_theta, rms_norm_eps and yarn's betas that give NaN are refused", "[hardening][config]") {
+  CHECK_THAT(config_error({{"rope_theta", 0}}), Contains("config.json: rope_theta must be positive, got 0"));
+  CHECK_THAT(config_error({{"rope_theta", -10000.0}}), Contains("rope_theta must be positive, got -10000"));
+  CHECK_THAT(config_error({{"rms_norm_eps", -1e-6}}), Contains("config.json: rms_norm_eps must be >= 0, got -1e-06"));
+  CHECK_THAT(config_error({{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}, {"beta_fast", 2.0},
+                                             {"beta_slow", 2.0}}}}),
+             Contains("config.json: rope_scaling: beta_fast must differ from beta_slow, both are 2"));
+  // Not from a file (JSON text has no infinity; 1e400 is a parse error), but a host may build one.
+  CHECK_THAT(config_error({{"rope_theta", std::numeric_limits<double>::infinity()}}),
+             Contains("field 'rope_theta' must be a finite number"));
+  const ChangedConfig changed("theta-zero", {{"rope_theta", 0}});
+  CHECK_THAT(changed.run(), Contains("rope_theta must be positive"));
+}
+
+TEST_CASE("a rope factor of 1e308 saturates the position limit instead of overflowing", "[hardening][rope]") {
+  auto config = torchpatch::ModelConfig::from_file(testutil::data_dir() / "llama_basic").raw;
+  config["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 1e308}};
+  const auto parsed = torchpatch::ModelConfig::from_json(config, "config.json");
+  CHECK(parsed.decoder.max_positions() == std::numeric_limits<int64_t>::max());
+}
+
+// -- checkpoints that hold the wrong things ------------------------------------------------------------
+
+namespace {
+
+// llama_basic with one tensor replaced by `value`.
+fs::path with_tensor(const ScratchDir& dir, const std::string& name, const at::Tensor& value) {
+  const auto source = torchpatch::checkpoint::SafetensorsFile::open(testutil::data_dir() / "llama_basic" / "model.safetensors");
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& info : source->tensors()) {
+    tensors.emplace_back(info.name, info.name == name ? value : source->tensor(info.name));
+  }
+  fs::copy_file(testutil::data_dir() / "llama_basic" / "config.json", dir.path / "config.json");
+  torchpatch::checkpoint::save_safetensors(dir.path / "model.safetensors", tensors);
+  return dir.path;
+}
+
+const char* kNormWeight = "model.layers.0.input_layernorm.weight";
+
+}  // namespace
+
+TEST_CASE("an integer tensor under a float weight's name is reported, not cast", "[hardening][load]") {
+  ScratchDir dir("int-weight");
+  const auto shape = torchpatch::checkpoint::SafetensorsFile::open(testutil::data_dir() / "llama_basic" /
+                                                                   "model.safetensors")
+                         ->tensor(kNormWeight)
+                         .sizes();
+  with_tensor(dir, kNormWeight, at::ones(shape, at::kInt));
+  const auto r = torchpatch_cli("run --model " + dir.path.string() + " --prompt-ids 1");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Contains(std::string("tensor '") + kNormWeight + "' is stored as Int but the parameter is Float: not cast"));
+}
+
+TEST_CASE("non-finite weights are a warning naming the tensor, an error with --strict", "[hardening][load]") {
+  ScratchDir dir("nan-weight");
+  const auto source = torchpatch::checkpoint::SafetensorsFile::open(testutil::data_dir() / "llama_basic" / "model.safetensors");
+  auto poisoned = source->tensor(kNormWeight).clone();
+  poisoned.index_put_({0}, std::numeric_limits<float>::quiet_NaN());
+  poisoned.index_put_({1}, std::numeric_limits<float>::infinity());
+  with_tensor(dir, kNormWeight, poisoned);
+  auto r = torchpatch_cli("run --model " + dir.path.string() + " --prompt-ids 1");
+  CHECK_THAT(r.out, Contains(std::string("warning: ") + dir.path.string()) &&
+                        Contains(std::string("tensor '") + kNormWeight + "' holds 2 non-finite values"));
+  r = torchpatch_cli("run --strict --model " + dir.path.string() + " --prompt-ids 1");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Contains("tensors hold values that are not finite") &&
+                        Contains(std::string("tensor '") + kNormWeight + "': 2 non-finite values"));
+  // Generating from a model whose logits are NaN says so instead of sampling garbage.
+  r = torchpatch_cli("generate --model " + dir.path.string() + " --prompt-ids 1,2 --do-sample --seed 1");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Contains("cannot choose token 1: the model's logits hold NaN"));
+}
+
+TEST_CASE("thousands of stray tensors give a bounded report with escaped names", "[hardening][load]") {
+  ScratchDir dir("stray-tensors");
+  const auto source = torchpatch::checkpoint::SafetensorsFile::open(testutil::data_dir() / "llama_basic" / "model.safetensors");
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& info : source->tensors()) tensors.emplace_back(info.name, source->tensor(info.name));
+  for (int i = 0; i < 5000; ++i) tensors.emplace_back(fmt::format("stray.{}", i), at::zeros({1}));
+  tensors.emplace_back("evil\x1b[2J\nloaded fake [bundled]", at::zeros({1}));
+  fs::copy_file(testutil::data_dir() / "llama_basic" / "config.json", dir.path / "config.json");
+  torchpatch::checkpoint::save_safetensors(dir.path / "model.safetensors", tensors);
+  const auto r = torchpatch_cli("run --model " + dir.path.string() + " --prompt-ids 1");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Contains("... and 4951 more"));
+  CHECK(r.out.size() < 10000);
+  CHECK(r.out.find('\x1b') == std::string::npos);
+}
+
+TEST_CASE("eos ids out of range on the command line name the option, not pad_token_id", "[hardening][generate]") {
+  const auto r = torchpatch_cli("generate --model " + testutil::llama_dir() + " --prompt-ids 1,2 --eos-ids 999999");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains("--eos-ids: token id 999999 is out of range for vocab_size"));
 }

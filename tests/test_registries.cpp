@@ -92,7 +92,11 @@ TEST_CASE("two plugin hosts with their own Registries each get a plugin's family
   CHECK(model->class_name() == "ToyForCausalLM");
   CHECK_THROWS_WITH(construct_model(preset_config("tiny-toy", first)), Contains("model_type 'toy' is not supported"));
 
-  // The same registries again: the plugin is already there.
+  // The same registries again: the plugin is already there, not loaded twice, and this host offers
+  // it too; the same host asked again reports a duplicate.
   PluginHost again(PluginHostOptions{}, first);
+  const auto record = again.load_file(toy_plugin);
+  CHECK(record.status == PluginRecord::Status::Loaded);
+  CHECK(record.families == std::vector<std::string>{"toy"});
   CHECK(again.load_file(toy_plugin).status == PluginRecord::Status::Duplicate);
 }

@@ -45,12 +45,20 @@ void read_special_tokens(const Args& args, const DecoderConfig& model, Generatio
       if (auto ids = token_ids(j, "pad_token_id", file.string()); !ids.empty()) pad = ids;
     }
   }
-  if (args.has("eos-ids")) eos = parse_int_list(args.value("eos-ids"), "--eos-ids");
+  if (args.has("eos-ids")) {
+    eos = parse_int_list(args.value("eos-ids"), "--eos-ids");
+    for (const auto id : eos) {
+      if (id < 0 || id >= model.vocab_size) {
+        throw UsageError(fmt::format("--eos-ids: token id {} is out of range for vocab_size {}", id, model.vocab_size));
+      }
+    }
+  }
   config.eos_token_ids = args.flag("ignore-eos") ? std::vector<int64_t>{} : eos;
   config.pad_token_id = !pad.empty() ? pad[0] : !eos.empty() ? eos[0] : 0;
   if (config.pad_token_id < 0 || config.pad_token_id >= model.vocab_size) {
-    throw ConfigError(fmt::format("pad_token_id {} is out of range for vocab_size {}", config.pad_token_id,
-                                  model.vocab_size));
+    throw ConfigError(fmt::format("{} {} is out of range for vocab_size {}",
+                                  !pad.empty() ? "pad_token_id" : "eos_token_id (padding falls back to it)",
+                                  config.pad_token_id, model.vocab_size));
   }
 }
 

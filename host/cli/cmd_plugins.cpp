@@ -7,11 +7,14 @@
 #include "commands.h"
 #include "torchpatch/models/family.h"
 #include "session.h"
+#include "torchpatch/printable.h"
 
 namespace torchpatch::cli {
 
 int cmd_plugins(const std::vector<std::string>& argv) {
-  const auto specs = plugin_options();
+  auto specs = plugin_options();
+  specs.insert(specs.end() - 1, {"probe", "", "try the bundled plugins in a child process too (drop-ins always are, "
+                                              "unless --no-probe)"});
   const Args args(specs, argv);
   if (args.flag("help")) {
     std::cout << usage("plugins", "List the plugins found: bundled ones (offered by class name), drop-ins from "
@@ -52,13 +55,15 @@ int cmd_plugins(const std::vector<std::string>& argv) {
   }
   if (host->plugins().empty()) std::cout << "no plugins found\n";
   for (const auto& p : host->plugins()) {
-    std::cout << fmt::format("{:<9} {} {}  [{}]  {}\n", p.status_name(), p.name.empty() ? "?" : p.name, p.version,
-                             p.mode == PluginMode::DropIn ? "drop-in" : "bundled", p.path.string());
+    // What a plugin says about itself is escaped: a name cannot forge lines of this listing.
+    std::cout << fmt::format("{:<9} {} {}  [{}]  {}\n", p.status_name(), p.name.empty() ? "?" : printable(p.name),
+                             printable(p.version), p.mode == PluginMode::DropIn ? "drop-in" : "bundled",
+                             printable(p.path.string()));
     for (const auto& c : p.classes) {
-      std::cout << fmt::format("          class {} (role {}){}{}\n", c.name, c.role, c.keys.empty() ? "" : " for ",
-                               fmt::join(c.keys, ", "));
+      std::cout << fmt::format("          class {} (role {}){}{}\n", printable(c.name), c.role,
+                               c.keys.empty() ? "" : " for ", printable(fmt::format("{}", fmt::join(c.keys, ", "))));
     }
-    for (const auto& c : p.conversions) std::cout << "          weight conversion for " << c << "\n";
+    for (const auto& c : p.conversions) std::cout << "          weight conversion for " << printable(c) << "\n";
     for (const auto& f : p.families) {
       std::string presets;
       if (const auto family = host->registries().families().find(f); family && !family->presets.empty()) {
@@ -66,9 +71,9 @@ int cmd_plugins(const std::vector<std::string>& argv) {
         for (const auto& [name, config] : family->presets) names.push_back(name);
         presets = fmt::format(" (presets: {})", fmt::join(names, ", "));
       }
-      std::cout << "          model family " << f << presets << "\n";
+      std::cout << "          model family " << printable(f) << printable(presets) << "\n";
     }
-    if (!p.reason.empty()) std::cout << "          reason: " << p.reason << "\n";
+    if (!p.reason.empty()) std::cout << "          reason: " << printable(p.reason) << "\n";
   }
   return 0;
 }

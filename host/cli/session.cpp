@@ -12,14 +12,16 @@
 #include "torchpatch/runtime/auto.h"
 #include "torchpatch/patching/build.h"
 #include "torchpatch/patching/scope.h"
+#include "torchpatch/printable.h"
 
 namespace torchpatch::cli {
 
 std::vector<OptionSpec> plugin_options() {
   return {
       {"plugin-dir", "DIR", "load every plugin in DIR as a drop-in (also $TORCHPATCH_PLUGIN_PATH)", true},
-      {"strict", "", "a refused plugin or a patch key that matches nothing is an error"},
+      {"strict", "", "a refused plugin, a patch key that matches nothing or a weight that is not finite is an error"},
       {"allow-world-writable", "", "load plugins from files or directories anyone may write"},
+      {"no-probe", "", "load drop-in plugins straight away, without first trying each in a child process"},
       {"json", "", "print JSON"},
       {"help", "", "show this help"},
   };
@@ -35,12 +37,18 @@ std::vector<OptionSpec> model_options() {
                 {"patch", "KEY=CLASS", "replace patch point KEY (class name or regex) with CLASS", true},
                 {"dtype", "TYPE", "parameter dtype: float32 (default), bfloat16 or float16"},
                 {"experts", "IMPL", "MoE experts implementation: grouped (default) or eager"},
-                {"allow-incomplete", "", "load a checkpoint with missing, unexpected or mismatched tensors and report them"}});
+                {"allow-incomplete", "", "load a checkpoint with missing, unexpected or mismatched tensors and report them"},
+                {"no-memory-check", "", "build a model even if its parameters need more than this machine's memory"}});
   return specs;
 }
 
 std::unique_ptr<PluginHost> open_plugin_host(const Args& args, bool warn_refused) {
-  auto host = std::make_unique<PluginHost>(PluginHostOptions{args.flag("strict"), args.flag("allow-world-writable")});
+  PluginHostOptions options;
+  options.strict = args.flag("strict");
+  options.allow_world_writable = args.flag("allow-world-writable");
+  options.probe = args.flag("no-probe") ? PluginProbe::Off : args.flag("probe") ? PluginProbe::All : PluginProbe::DropIns;
+  options.probe_cache = default_probe_cache();
+  auto host = std::make_unique<PluginHost>(options, default_registries());
   load_plugins(*host, args, warn_refused);
   return host;
 }
@@ -50,10 +58,15 @@ void load_plugins(PluginHost& host, const Args& args, bool warn_refused) {
   std::error_code ec;
   if (!bundled.empty() && std::filesystem::is_directory(bundled, ec)) host.load_directory(bundled, PluginMode::Catalogue);
   if (const char* env = std::getenv("TORCHPATCH_PLUGIN_PATH")) host.load_path_list(env);
-  for (const auto& dir : args.values("plugin-dir")) host.load_directory(dir, PluginMode::DropIn);
+  // --plugin-dir is resolved against the current directory here, explicitly; the host refuses relative paths.
+  for (const auto& dir : args.values("plugin-dir")) {
+    if (dir.empty()) throw UsageError("--plugin-dir: the path is empty");
+    host.load_directory(std::filesystem::absolute(dir), PluginMode::DropIn);
+  }
   for (const auto& p : host.refused()) {
     if (!warn_refused) break;
-    std::cerr << "torchpatch: warning: plugin " << p.path.string() << " refused: " << p.reason << "\n";
+    std::cerr << "torchpatch: warning: plugin " << printable(p.path.string()) << " refused: " << printable(p.reason)
+              << "\n";
   }
 }
 
@@ -83,6 +96,8 @@ PretrainedOptions pretrained_options(const Args& args, const PluginHost& host) {
     options.config_overrides["experts_implementation"] = impl;
   }
   options.strict = !args.flag("allow-incomplete");
+  options.reject_non_finite = args.flag("strict");
+  options.check_memory = !args.flag("no-memory-check");
   return options;
 }
 
@@ -124,7 +139,13 @@ void print_load_report(const BuiltModel& built) {
     std::cerr << "torchpatch: warning: " << built.report->describe(built.source) << "\n";
   } else if (!built.report->ignored.empty()) {
     std::cerr << fmt::format("torchpatch: note: {}: {} tensors of another task's head were not used ({})\n",
-                             built.source, built.report->ignored.size(), fmt::join(built.report->ignored, ", "));
+                             printable(built.source), built.report->ignored.size(),
+                             printable(fmt::format("{}", fmt::join(built.report->ignored, ", "))));
+  }
+  for (const auto& [name, count] : built.report->non_finite) {
+    std::cerr << fmt::format("torchpatch: warning: {}: tensor '{}' holds {} non-finite value{} (NaN or infinity; "
+                             "--strict refuses such a checkpoint)\n",
+                             printable(built.source), printable(name), count, count == 1 ? "" : "s");
   }
 }
 

@@ -4,6 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <set>
 
 #include <boost/dll/shared_library.hpp>
@@ -14,6 +17,7 @@
 #include "torchpatch/error.h"
 #include "torchpatch/patching/build.h"
 #include "torchpatch/plugin_api.h"
+#include "plugin_probe.h"
 
 namespace torchpatch {
 
@@ -28,15 +32,22 @@ std::vector<boost::dll::shared_library>& loaded_libraries() {
   return *libraries;
 }
 
-// Identity of loaded files (device, inode) and names: one load per file and name into each family
-// registry (registries of their own get their own registrations from the same library; handles that
-// share families, as with_own_patches() does, share the loaded plugins too).
+}  // namespace
+
+// A file loaded into one set of registries (one load per file and name into each family registry:
+// registries of their own get their own registrations from the same library; handles that share
+// families, as with_own_patches() does, share the loaded plugins too), with what it offered, so that
+// another host on the same registries can offer it without running its code again.
 struct LoadedIdentity {
   dev_t device;
   ino_t inode;
-  std::string name;
-  std::string path;
+  PluginRecord record;
+  std::vector<ModuleClass> classes;
+  PatchMapping::Items dropin_items;
 };
+
+namespace {
+
 std::vector<LoadedIdentity>& loaded_identities(const Registries& registries) {
   // Holding the handles keeps registries that plugin code went into alive as long as the libraries.
   static auto* identities = new std::vector<std::pair<Registries, std::vector<LoadedIdentity>>>();
@@ -66,11 +77,33 @@ class CollectingRegistrar : public Registrar {
 
 std::string safe_string(const char* s) { return s ? std::string(s) : std::string("(null)"); }
 
-// Anyone could replace the code we are about to run.
 bool world_writable(const fs::path& path) {
   struct stat st {};
-  return ::stat(path.empty() ? "." : path.c_str(), &st) == 0 && (st.st_mode & S_IWOTH);
+  return ::stat(path.c_str(), &st) == 0 && (st.st_mode & S_IWOTH);
 }
+
+// A directory anyone may rename entries of: world-writable without the sticky bit (with it, as in
+// /tmp, only an entry's owner may rename it).
+bool renamable_by_anyone(const fs::path& dir) {
+  struct stat st {};
+  return ::stat(dir.c_str(), &st) == 0 && (st.st_mode & S_IWOTH) && !(st.st_mode & S_ISVTX);
+}
+
+// The first directory above `dir` (itself excluded) through which anyone could swap `dir` for
+// another: checked along the path as given and along its real path (symbolic links resolved).
+std::optional<fs::path> exposed_ancestor(const fs::path& dir) {
+  std::error_code ec;
+  const fs::path real = fs::canonical(dir, ec);
+  for (const fs::path& start : {dir, ec ? dir : real}) {
+    for (fs::path p = start.parent_path(); !p.empty(); p = p.parent_path()) {
+      if (renamable_by_anyone(p)) return p;
+      if (p == p.root_path()) break;
+    }
+  }
+  return std::nullopt;
+}
+
+constexpr const char* kWorldWritableOverride = "(allow_world_writable / --allow-world-writable overrides)";
 
 }  // namespace
 
@@ -106,13 +139,25 @@ void PluginHost::refuse_path(const fs::path& path, PluginMode mode, std::string 
 }
 
 void PluginHost::load_directory(const fs::path& dir, PluginMode mode) {
+  if (dir.is_relative()) {
+    return refuse_path(dir, mode, "plugin directory is a relative path; give an absolute one (relative to the "
+                                  "current directory, what it loads would depend on where the command runs)");
+  }
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
     return refuse_path(dir, mode, "plugin directory does not exist or is not a directory");
   }
-  if (!options_.allow_world_writable && world_writable(dir)) {
-    return refuse_path(dir, mode, "plugin directory is world-writable; refusing to load from it "
-                                  "(allow_world_writable / --allow-world-writable overrides)");
+  if (!options_.allow_world_writable) {
+    if (world_writable(dir)) {
+      return refuse_path(dir, mode, fmt::format("plugin directory is world-writable; refusing to load from it {}",
+                                                kWorldWritableOverride));
+    }
+    if (const auto above = exposed_ancestor(dir)) {
+      return refuse_path(dir, mode, fmt::format("plugin directory is inside {}, which is world-writable: anyone could "
+                                                "rename the plugin directory away and put another in its place; "
+                                                "refusing to load from it {}",
+                                                above->string(), kWorldWritableOverride));
+    }
   }
   std::vector<fs::path> files;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
@@ -136,12 +181,33 @@ void PluginHost::load_path_list(const std::string& paths) {
 // Loading runs in stages; each returns why the plugin is refused, or nothing to go on.
 
 std::optional<std::string> PluginHost::check_file(const fs::path& file, struct ::stat& st) const {
-  if (::stat(file.c_str(), &st) != 0) return std::string("no such file");
+  if (file.is_relative()) return std::string("plugin path is relative; give an absolute one");
+  if (::stat(file.c_str(), &st) != 0) {
+    return errno == ELOOP ? std::string("too many levels of symbolic links (a link loop?)")
+                          : errno == ENOENT ? std::string("no such file") : fmt::format("cannot stat: {}", std::strerror(errno));
+  }
   if (!S_ISREG(st.st_mode)) return std::string("not a regular file");
-  if (!options_.allow_world_writable && (world_writable(file) || world_writable(file.parent_path()))) {
-    return fmt::format("plugin {} is world-writable; refusing to load it "
-                       "(allow_world_writable / --allow-world-writable overrides)",
-                       world_writable(file) ? "file" : "directory");
+  if (options_.allow_world_writable) return std::nullopt;
+  if (st.st_mode & S_IWOTH) {
+    return fmt::format("plugin file is world-writable; refusing to load it {}", kWorldWritableOverride);
+  }
+  std::error_code ec;
+  const fs::path real = fs::canonical(file, ec);
+  for (const fs::path& dir : {file.parent_path(), ec ? file.parent_path() : real.parent_path()}) {
+    // The file's own directory: world-writable at all lets anyone add or (without the sticky bit)
+    // swap files; sticky, the file must be ours or root's.
+    struct stat ds {};
+    const bool sticky = ::stat(dir.c_str(), &ds) == 0 && (ds.st_mode & S_ISVTX);
+    if (world_writable(dir) && (!sticky || (st.st_uid != ::geteuid() && st.st_uid != 0))) {
+      return fmt::format("plugin directory is world-writable{}; refusing to load it {}",
+                         dir == file.parent_path() ? "" : fmt::format(" ({}, where the file really is)", dir.string()),
+                         kWorldWritableOverride);
+    }
+    if (const auto above = exposed_ancestor(dir)) {
+      return fmt::format("plugin file is under {}, which is world-writable: anyone could rename a directory on the "
+                         "way away and put another in its place; refusing to load it {}",
+                         above->string(), kWorldWritableOverride);
+    }
   }
   return std::nullopt;
 }
@@ -286,6 +352,62 @@ std::optional<std::string> PluginHost::register_all(const PatchMapping::Items& i
 
 PluginRecord PluginHost::load_file(const fs::path& file, PluginMode mode) {
   std::lock_guard<std::mutex> lock(load_mutex());
+  return load_locked(file, mode);
+}
+
+std::optional<std::string> PluginHost::probe(const fs::path& file, const struct ::stat& st, PluginMode mode) {
+  const bool wanted = options_.probe == PluginProbe::All ||
+                      (options_.probe == PluginProbe::DropIns && mode == PluginMode::DropIn);
+  if (!wanted || probe_fd_ >= 0) return std::nullopt;
+  probe::Cache cache(options_.probe_cache);
+  const std::string key = probe::Cache::key(st);
+  auto outcome = cache.find(key);
+  if (!outcome) {
+    outcome = probe::run_in_child(
+        [&](int fd) {
+          // A fresh host on fresh registries: the whole load runs, and nothing of it comes back.
+          PluginHostOptions options;
+          options.allow_world_writable = true;  // checked already
+          PluginHost child(options, Registries());
+          child.probe_fd_ = fd;
+          child.load_locked(file, mode);
+        },
+        options_.probe_timeout);
+    cache.store(key, file, *outcome);
+  }
+  if (outcome->passed) return std::nullopt;
+  return fmt::format("plugin {}; not loaded (--no-probe skips the probe)", outcome->reason);
+}
+
+std::optional<std::string> PluginHost::adopt(const LoadedIdentity& loaded, PluginRecord& record, std::size_t index) {
+  // Loaded by another host into these registries: its classes, conversions and families are in
+  // already; its drop-in keys go into this host's patches unless they are there.
+  const auto mapping = registries_.patches().get_patch_mapping();
+  PatchMapping::Items missing;
+  for (const auto& item : loaded.dropin_items) {
+    const auto present = mapping.get(item.first);
+    if (!present || present->origin.file != item.second.origin.file) missing.push_back(item);
+  }
+  if (!missing.empty()) {
+    try {
+      registries_.patches().register_patch_mapping(missing, /*overwrite=*/false);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+  }
+  const auto path = record.path;
+  const auto mode = record.mode;
+  record = loaded.record;
+  record.path = path;
+  record.mode = mode;
+  record.reason = fmt::format("loaded once into these registries (from {}); offered by this host too",
+                              loaded.record.path.string());
+  classes_.insert(classes_.end(), loaded.classes.begin(), loaded.classes.end());
+  for (const auto& item : loaded.dropin_items) dropin_keys_.emplace_back(item.first, index);
+  return std::nullopt;
+}
+
+PluginRecord PluginHost::load_locked(const fs::path& file, PluginMode mode) {
   records_.push_back(PluginRecord{});
   const std::size_t index = records_.size() - 1;
   PluginRecord& record = records_.back();
@@ -295,18 +417,30 @@ PluginRecord PluginHost::load_file(const fs::path& file, PluginMode mode) {
   // -- the file itself: a regular file nobody else may write, not one already loaded
   struct stat st {};
   if (auto refusal = check_file(file, st)) return refuse(record, *refusal);
+  for (const auto& [device, inode] : loaded_here_) {
+    if (device != st.st_dev || inode != st.st_ino) continue;
+    record.status = PluginRecord::Status::Duplicate;
+    record.reason = "same file as one this host loaded already";
+    for (const auto& r : records_) {
+      if (std::error_code ec; &r != &record && r.status == PluginRecord::Status::Loaded && fs::equivalent(r.path, file, ec)) {
+        record.name = r.name;
+        record.reason = fmt::format("same file as {}, already loaded", r.path.string());
+      }
+    }
+    return record;
+  }
   auto& identities = loaded_identities(registries_);
   for (const auto& loaded : identities) {
-    if (loaded.device == st.st_dev && loaded.inode == st.st_ino) {
-      record.status = PluginRecord::Status::Duplicate;
-      record.name = loaded.name;
-      record.reason = fmt::format("same file as {}, already loaded", loaded.path);
-      return record;
-    }
+    if (loaded.device != st.st_dev || loaded.inode != st.st_ino) continue;
+    if (auto refusal = adopt(loaded, record, index)) return refuse(record, *refusal);
+    loaded_here_.emplace_back(st.st_dev, st.st_ino);
+    return record;
   }
+  if (auto refusal = probe(file, st, mode)) return refuse(record, *refusal);
 
   // -- load and check the descriptor before anything C++ crosses the boundary
   boost::dll::shared_library library;
+  probe::mark(probe_fd_, probe::Phase::kStaticInit);
   try {
     library.load(boost::dll::fs::path(file.string()), boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
   } catch (const std::exception& e) {
@@ -317,12 +451,13 @@ PluginRecord PluginHost::load_file(const fs::path& file, PluginMode mode) {
                                       "TORCHPATCH_PLUGIN)",
                                       TORCHPATCH_DESCRIPTOR_SYMBOL));
   }
+  probe::mark(probe_fd_, probe::Phase::kDescriptor);
   auto describe = library.get_alias<const TorchpatchPluginDescriptor*()>(TORCHPATCH_DESCRIPTOR_SYMBOL);
   if (auto refusal = check_descriptor(describe(), record)) return refuse(record, *refusal);
   for (const auto& loaded : identities) {
-    if (loaded.name == record.name) {
+    if (loaded.record.name == record.name) {
       record.status = PluginRecord::Status::Duplicate;
-      record.reason = fmt::format("plugin '{}' is already loaded from {}", record.name, loaded.path);
+      record.reason = fmt::format("plugin '{}' is already loaded from {}", record.name, loaded.record.path.string());
       return record;
     }
   }
@@ -334,6 +469,7 @@ PluginRecord PluginHost::load_file(const fs::path& file, PluginMode mode) {
   // its library stays loaded even if the plugin is refused (it may have left pointers into itself).
   loaded_libraries().push_back(library);
   CollectingRegistrar registrar;
+  probe::mark(probe_fd_, probe::Phase::kRegistration);
   try {
     library.get_alias<void(Registrar&)>(TORCHPATCH_REGISTER_SYMBOL)(registrar);
   } catch (const std::exception& e) {
@@ -354,13 +490,16 @@ PluginRecord PluginHost::load_file(const fs::path& file, PluginMode mode) {
   }
 
   // -- accepted
-  for (const auto& offer : registrar.offers) classes_.push_back(offer.cls);
+  std::vector<ModuleClass> classes;
+  for (const auto& offer : registrar.offers) classes.push_back(offer.cls);
+  classes_.insert(classes_.end(), classes.begin(), classes.end());
   if (mode == PluginMode::DropIn) {
     for (const auto& item : items) dropin_keys_.emplace_back(item.first, index);
   }
   record.classes = std::move(offered);
   record.status = PluginRecord::Status::Loaded;
-  identities.push_back({st.st_dev, st.st_ino, record.name, file.string()});
+  loaded_here_.emplace_back(st.st_dev, st.st_ino);
+  identities.push_back({st.st_dev, st.st_ino, record, std::move(classes), mode == PluginMode::DropIn ? items : PatchMapping::Items{}});
   return record;
 }
 
@@ -388,6 +527,19 @@ void PluginHost::patch(const std::string& key, const std::string& class_name, bo
                                  class_name, names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "))));
   }
   registries_.patches().register_patch_mapping({{key, *cls}}, overwrite);
+}
+
+fs::path default_probe_cache() {
+  const auto dir = [](const char* variable, const char* below) -> fs::path {
+    const char* value = std::getenv(variable);
+    if (!value || !*value || fs::path(value).is_relative()) return {};
+    return fs::path(value) / below;
+  };
+  for (const auto& base : {dir("TORCHPATCH_CACHE_DIR", ""), dir("XDG_CACHE_HOME", "torchpatch"),
+                           dir("HOME", ".cache/torchpatch")}) {
+    if (!base.empty()) return base / "plugin-probes.json";
+  }
+  return {};
 }
 
 fs::path bundled_plugin_dir() {

@@ -2,6 +2,7 @@
 
 #include <cxxabi.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <memory>
 
@@ -38,7 +39,9 @@ double ConfigReader::number(const char* key, double fallback) const {
   if (!has(key)) return fallback;
   const auto& v = j_.at(key);
   if (!v.is_number()) wrong_kind(key, "a number", v);
-  return v.get<double>();
+  const double x = v.get<double>();
+  if (!std::isfinite(x)) fail(fmt::format("field '{}' must be a finite number, got {}", key, v.dump()));
+  return x;
 }
 
 bool ConfigReader::boolean(const char* key, bool fallback) const {

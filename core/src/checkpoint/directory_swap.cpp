@@ -12,7 +12,7 @@
 #include <fmt/format.h>
 
 #include "torchpatch/error.h"
-#include "checkpoint/atomic_file.h"
+#include "torchpatch/checkpoint/atomic_file.h"
 
 namespace torchpatch::checkpoint {
 

@@ -1,6 +1,7 @@
 // Loading through the conversion rules, and the reverse for saving.
 #include "torchpatch/checkpoint/load.h"
 
+#include <cmath>
 #include <optional>
 #include <set>
 
@@ -10,8 +11,9 @@
 
 #include "torchpatch/error.h"
 #include "torchpatch/json_file.h"
+#include "torchpatch/printable.h"
 #include "torchpatch/nn/linear.h"
-#include "checkpoint/atomic_file.h"
+#include "torchpatch/checkpoint/atomic_file.h"
 #include "checkpoint/directory_swap.h"
 
 namespace torchpatch::checkpoint {
@@ -168,16 +170,31 @@ std::string source_name(const Checkpoint& ckpt) {
 }  // namespace
 
 std::string LoadReport::describe(const std::string& source) const {
-  std::string text = fmt::format("{}: the checkpoint does not fit the model", source);
-  for (const auto& key : missing) text += fmt::format("\n  missing tensor '{}'{}", key, strict ? "" : " (left initialised)");
-  for (const auto& key : unexpected) text += fmt::format("\n  unexpected tensor '{}' (no such parameter)", key);
-  for (const auto& m : mismatched) {
-    text += fmt::format("\n  tensor '{}' has shape [{}] but the model expects [{}]{}", m.key,
-                        fmt::join(m.checkpoint_shape, ", "), fmt::join(m.model_shape, ", "),
-                        strict ? "" : " (left initialised)");
+  constexpr std::size_t kListed = 50;  // per kind: a broken checkpoint may hold 200,000 stray tensors
+  std::string text = fmt::format("{}: the checkpoint does not fit the model", printable(source));
+  auto list = [&](std::size_t count, const auto& line) {
+    for (std::size_t i = 0; i < std::min(count, kListed); ++i) text += "\n  " + line(i);
+    if (count > kListed) text += fmt::format("\n  ... and {} more", count - kListed);
+  };
+  const char* left = strict ? "" : " (left initialised)";
+  list(missing.size(), [&](std::size_t i) { return fmt::format("missing tensor '{}'{}", printable(missing[i]), left); });
+  list(unexpected.size(),
+       [&](std::size_t i) { return fmt::format("unexpected tensor '{}' (no such parameter)", printable(unexpected[i])); });
+  list(mismatched.size(), [&](std::size_t i) {
+    const auto& m = mismatched[i];
+    return fmt::format("tensor '{}' has shape [{}] but the model expects [{}]{}", printable(m.key),
+                       fmt::join(m.checkpoint_shape, ", "), fmt::join(m.model_shape, ", "), left);
+  });
+  list(wrong_dtype.size(), [&](std::size_t i) {
+    const auto& w = wrong_dtype[i];
+    return fmt::format("tensor '{}' is stored as {} but the parameter is {}: not cast{}", printable(w.key),
+                       w.checkpoint_dtype, w.model_dtype, left);
+  });
+  for (const auto& [key, error] : conversion_errors) {
+    text += fmt::format("\n  conversion for '{}' failed: {}", printable(key), printable(error));
   }
-  for (const auto& [key, error] : conversion_errors) text += fmt::format("\n  conversion for '{}' failed: {}", key, error);
-  for (const auto& key : ignored) text += fmt::format("\n  ignored tensor '{}' (another task's head)", key);
+  list(ignored.size(),
+       [&](std::size_t i) { return fmt::format("ignored tensor '{}' (another task's head)", printable(ignored[i])); });
   return text;
 }
 
@@ -186,8 +203,20 @@ nlohmann::json LoadReport::to_json() const {
   for (const auto& m : mismatched) {
     mismatches.push_back({{"key", m.key}, {"checkpoint_shape", m.checkpoint_shape}, {"model_shape", m.model_shape}});
   }
-  return {{"missing", missing},           {"unexpected", unexpected},   {"mismatched", mismatches},
-          {"conversion_errors", conversion_errors}, {"conversions", conversions}, {"ignored", ignored},
+  auto dtypes = nlohmann::json::array();
+  for (const auto& w : wrong_dtype) {
+    dtypes.push_back({{"key", w.key}, {"checkpoint_dtype", w.checkpoint_dtype}, {"model_dtype", w.model_dtype}});
+  }
+  auto non_finite_counts = nlohmann::json::object();
+  for (const auto& [key, count] : non_finite) non_finite_counts[key] = count;
+  return {{"missing", missing},
+          {"unexpected", unexpected},
+          {"mismatched", mismatches},
+          {"wrong_dtype", dtypes},
+          {"non_finite", non_finite_counts},
+          {"conversion_errors", conversion_errors},
+          {"conversions", conversions},
+          {"ignored", ignored},
           {"strict", strict}};
 }
 
@@ -208,6 +237,7 @@ class WeightLoad {
       partner_[target] = alias;
     }
     report_.strict = options.strict;
+    reject_non_finite_ = options.reject_non_finite;
   }
 
   LoadReport run() {
@@ -217,6 +247,7 @@ class WeightLoad {
     load_converted();
     find_missing();
     if (report_.strict && !report_.clean()) throw CheckpointError(report_.describe(source_name(ckpt_)));
+    if (reject_non_finite_ && !report_.non_finite.empty()) throw CheckpointError(describe_non_finite());
     initialise_missing();
     return std::move(report_);
   }
@@ -261,7 +292,14 @@ class WeightLoad {
     at::Tensor& param = it->second;
     if (value.sizes() != param.sizes()) {  // reported as mismatched, not also as missing
       report_.mismatched.push_back({name, to_vector(value.sizes()), to_vector(param.sizes())});
-    } else if (value.scalar_type() == param.scalar_type() && value.is_contiguous() && param.is_contiguous()) {
+      return;
+    }
+    if (param.is_floating_point() && !value.is_floating_point()) {
+      report_.wrong_dtype.push_back({name, c10::toString(value.scalar_type()), c10::toString(param.scalar_type())});
+      return;
+    }
+    if (value.is_floating_point()) count_non_finite(name, value);
+    if (value.scalar_type() == param.scalar_type() && value.is_contiguous() && param.is_contiguous()) {
       param.set_data(value);  // adopt it: a view of the memory-mapped file, or a fresh conversion result
     } else {
       param.copy_(value);  // another dtype (or layout): convert into the parameter
@@ -320,6 +358,28 @@ class WeightLoad {
     };
     for (const auto& name : report_.missing) initialise(name);
     for (const auto& m : report_.mismatched) initialise(m.key);
+    for (const auto& w : report_.wrong_dtype) initialise(w.key);
+  }
+
+  // One pass for the common case (the extremes are finite); counting only when they are not.
+  void count_non_finite(const std::string& name, const at::Tensor& value) {
+    if (value.numel() == 0) return;
+    try {
+      const auto [low, high] = at::aminmax(value);
+      if (std::isfinite(low.item<double>()) && std::isfinite(high.item<double>())) return;
+    } catch (const c10::Error&) {  // no aminmax kernel for this dtype: count directly
+    }
+    if (at::isfinite(value).all().item<bool>()) return;
+    report_.non_finite.emplace_back(name, value.numel() - at::isfinite(value).sum().item<int64_t>());
+  }
+
+  std::string describe_non_finite() const {
+    std::string text = fmt::format("{}: tensors hold values that are not finite (NaN or infinity)",
+                                   printable(source_name(ckpt_)));
+    for (const auto& [name, count] : report_.non_finite) {
+      text += fmt::format("\n  tensor '{}': {} non-finite value{}", printable(name), count, count == 1 ? "" : "s");
+    }
+    return text;
   }
 
   Loadable& model_;
@@ -328,6 +388,7 @@ class WeightLoad {
   std::map<std::string, at::Tensor> params_;
   std::map<std::string, std::string> partner_;  // tied names, both ways
   LoadReport report_;
+  bool reject_non_finite_ = false;
   std::vector<std::pair<std::string, std::string>> direct_;  // checkpoint key -> model key
   Groups groups_;
   std::set<std::string> loaded_;

@@ -23,7 +23,7 @@
 
 #include "torchpatch/error.h"
 #include "torchpatch/json_file.h"
-#include "checkpoint/atomic_file.h"
+#include "torchpatch/checkpoint/atomic_file.h"
 
 namespace torchpatch::checkpoint {
 

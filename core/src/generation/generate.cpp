@@ -134,9 +134,20 @@ GenerationOutput generate(PretrainedModel& model, const at::Tensor& input_ids, c
     auto logits = result.logits.select(1, result.logits.size(1) - 1);  // [B, V]
     if (config.output_logits) out.logits.push_back(logits.to(at::kFloat).clone());
     if (!config.outputs.empty()) out.captured.push_back(result.captured);
+    if (at::isnan(logits).any().item<bool>()) {  // argmax and multinomial would pick something anyway
+      throw InputError(fmt::format("cannot choose token {}: the model's logits hold NaN (the weights or the "
+                                   "inputs hold values that are not finite)",
+                                   step + 1));
+    }
     at::Tensor next;
     if (config.do_sample) {
-      next = at::multinomial(process_logits(logits, config).softmax(-1), 1, false, generator).squeeze(1);
+      const auto probabilities = process_logits(logits, config).softmax(-1);
+      if (!at::isfinite(probabilities).all().item<bool>()) {
+        throw InputError(fmt::format("cannot sample token {}: the model's logits hold infinity, so the "
+                                     "probabilities are not finite",
+                                     step + 1));
+      }
+      next = at::multinomial(probabilities, 1, false, generator).squeeze(1);
     } else {
       next = logits.argmax(-1);
     }

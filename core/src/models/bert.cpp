@@ -406,6 +406,9 @@ Family family() {
     auto bert = std::make_shared<BertConfig>();
     bert->type_vocab_size = f.positive("type_vocab_size", bert->type_vocab_size);
     bert->layer_norm_eps = f.number("layer_norm_eps", bert->layer_norm_eps);
+    if (bert->layer_norm_eps < 0) {
+      throw ConfigError(fmt::format("{}: layer_norm_eps must be >= 0, got {}", source, bert->layer_norm_eps));
+    }
     bert->is_decoder = f.boolean("is_decoder", bert->is_decoder);
     bert->add_cross_attention = f.boolean("add_cross_attention", bert->add_cross_attention);
     if (bert->add_cross_attention && !bert->is_decoder) {

@@ -23,6 +23,7 @@ RopeParameters read_rope(const json& j, const std::string& source) {
   RopeParameters rope;
   rope.theta = top.number("rope_theta", 10000.0);
   rope.partial_rotary_factor = top.number("partial_rotary_factor", 1.0);
+  if (!(rope.theta > 0)) throw ConfigError(fmt::format("{}: rope_theta must be positive, got {}", source, rope.theta));
   // Legacy `rope_scaling` (v4 config.json) or v5 `rope_parameters`; "type" is accepted for "rope_type".
   const char* key = top.has("rope_scaling") ? "rope_scaling" : top.has("rope_parameters") ? "rope_parameters" : nullptr;
   if (!key) return rope;
@@ -52,6 +53,7 @@ RopeParameters read_rope(const json& j, const std::string& source) {
         "{}: unsupported rope_type '{}' (supported: default, linear, dynamic, llama3, yarn, longrope)", where, type));
   }
   rope.kind = kind->second;
+  if (!(rope.theta > 0)) throw ConfigError(fmt::format("{}: rope_theta must be positive, got {}", where, rope.theta));
   if (type == "default") return rope;
   if (type == "longrope") {
     require({"short_factor", "long_factor"});
@@ -84,6 +86,9 @@ RopeParameters read_rope(const json& j, const std::string& source) {
     if (r.has("attention_factor")) rope.attention_factor = r.number("attention_factor", 1.0);
     rope.beta_fast = r.number("beta_fast", 32.0);
     rope.beta_slow = r.number("beta_slow", 1.0);
+    if (rope.beta_fast == rope.beta_slow) {  // the ramp between them would divide by zero
+      throw ConfigError(fmt::format("{}: beta_fast must differ from beta_slow, both are {}", where, rope.beta_fast));
+    }
     // As in Python, a zero mscale counts as not given.
     if (r.number("mscale", 0.0) != 0.0) rope.mscale = r.number("mscale", 0.0);
     if (r.number("mscale_all_dim", 0.0) != 0.0) rope.mscale_all_dim = r.number("mscale_all_dim", 0.0);
@@ -241,6 +246,7 @@ ModelConfig parse_decoder_config(const json& j, const std::string& source, const
   }
   d.max_position_embeddings = f.positive("max_position_embeddings", defaults.max_position_embeddings);
   d.rms_norm_eps = f.number("rms_norm_eps", defaults.rms_norm_eps);
+  if (d.rms_norm_eps < 0) throw ConfigError(fmt::format("{}: rms_norm_eps must be >= 0, got {}", source, d.rms_norm_eps));
   d.hidden_act = f.string("hidden_act", defaults.hidden_act);
   if (family.activation_field != "hidden_act") d.hidden_act = f.string(family.activation_field.c_str(), defaults.hidden_act);
   d.activation = nn::parse_activation(d.hidden_act, family.activation_field);
@@ -297,6 +303,22 @@ int64_t DecoderConfig::max_positions() const {
     return std::max(max_position_embeddings, scaled(rope.original_max_position_embeddings, rope.factor));
   }
   return max_position_embeddings;
+}
+
+double DecoderConfig::parameter_lower_bound() const {
+  const double h = static_cast<double>(hidden_size);
+  const double attention = h * static_cast<double>(head_dim) *
+                           static_cast<double>(2 * num_attention_heads + 2 * num_key_value_heads);  // q, o; k, v
+  // Two matrices is the least any MLP has (BERT's; gated ones have three).
+  const double dense = 2 * h * static_cast<double>(intermediate_size);
+  const double sparse = static_cast<double>(moe.num_experts) * 2 * h * static_cast<double>(moe.moe_intermediate_size);
+  double total = static_cast<double>(vocab_size) * h;
+  constexpr int64_t kExact = 4096;  // layers looked at one by one; the rest count at the smaller MLP
+  for (int64_t layer = 0; layer < std::min(num_hidden_layers, kExact); ++layer) {
+    total += attention + (moe.is_sparse_layer(layer) ? sparse : dense);
+  }
+  const double rest = static_cast<double>(std::max<int64_t>(0, num_hidden_layers - kExact));
+  return total + rest * (attention + (moe.num_experts > 0 ? std::min(dense, sparse) : dense));
 }
 
 std::string DecoderConfig::position_limit(bool rotary) const {

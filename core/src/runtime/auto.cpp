@@ -3,6 +3,9 @@
 #include <cmath>
 #include <optional>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
@@ -41,29 +44,92 @@ ModelConfig with_overrides(const ModelConfig& config, const nlohmann::json& over
   return ModelConfig::from_json(raw, source, &registries.families());
 }
 
+namespace {
+
+std::string format_bytes(double bytes) {
+  if (bytes >= 1e15) return fmt::format("{:.3g} PB", bytes / 1e15);
+  if (bytes >= 1e12) return fmt::format("{:.3g} TB", bytes / 1e12);
+  if (bytes >= 1e9) return fmt::format("{:.3g} GB", bytes / 1e9);
+  return fmt::format("{:.3g} MB", bytes / 1e6);
+}
+
+// Before anything is allocated: the parameters a config implies must fit the machine's memory and,
+// loading strictly, the checkpoint that is to fill them.
+void check_model_size(const ModelConfig& config, const checkpoint::Checkpoint* weights, const PretrainedOptions& options,
+                      const std::string& source) {
+  const double parameters = config.decoder.parameter_lower_bound();
+  if (weights && options.strict) {
+    double stored = 0;
+    for (const auto& key : weights->keys()) {
+      double n = 1;
+      for (const int64_t d : weights->info(key).shape) n *= static_cast<double>(d);
+      stored += n;
+    }
+    if (parameters > stored * 1.01 + 4096) {
+      throw ConfigError(fmt::format("{}: describes a model of at least {:.4g} parameters, but the checkpoint's tensors "
+                                    "hold {:.4g} values in all: a size or count in it is wrong (checked before "
+                                    "building anything; non-strict loading skips this check)",
+                                    source, parameters, stored));
+    }
+  }
+  if (!options.check_memory) return;
+  const double element = static_cast<double>(c10::elementSize(options.dtype.value_or(at::kFloat)));
+  const double memory = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  if (memory > 0 && parameters * element > memory) {
+    throw ConfigError(fmt::format("{}: a model of at least {:.4g} parameters needs {} as {}, more than this "
+                                  "machine's {} of memory (checked before building anything; --no-memory-check / "
+                                  "PretrainedOptions::check_memory = false builds it anyway)",
+                                  source, parameters, format_bytes(parameters * element),
+                                  c10::toString(options.dtype.value_or(at::kFloat)), format_bytes(memory)));
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// Whether the directory `handle` holds is still the one at its path: a save that swapped a new
+// checkpoint in removes the old one, whose files then vanish under a reader that held it.
+bool replaced_meanwhile(const checkpoint::DirectoryHandle& handle) {
+  struct stat held {}, now {};
+  return ::stat(handle.file(".").c_str(), &held) == 0 &&
+         (::stat(handle.path().c_str(), &now) != 0 || held.st_dev != now.st_dev || held.st_ino != now.st_ino);
+}
+
+}  // namespace
+
 std::shared_ptr<PretrainedModel> from_pretrained(const std::filesystem::path& dir, const PretrainedOptions& options,
                                                  checkpoint::LoadReport* report) {
   const auto& registries = options.registries;
   // Config and weights through one directory handle, so a save swapping a new checkpoint in meanwhile
-  // cannot give us the config of one and the weights of the other.
+  // cannot give us the config of one and the weights of the other. Should that save also remove the
+  // old directory while we read it, we read the new one from the start (a few times at most).
   const bool is_dir = std::filesystem::is_directory(dir);
   const auto config_path = is_dir ? dir / "config.json" : dir;
-  std::optional<checkpoint::DirectoryHandle> handle;
-  if (is_dir) handle = checkpoint::DirectoryHandle::open(dir);
-  const auto config = with_overrides(
-      handle ? ModelConfig::from_file(handle->file("config.json"), &registries.families(), config_path.string())
-             : ModelConfig::from_file(dir, &registries.families()),
-      options.config_overrides, config_path.string() + " (with overrides)", registries);
-  const auto weights = handle ? checkpoint::Checkpoint::open(*handle) : checkpoint::Checkpoint::open(dir.parent_path());
-  std::shared_ptr<PretrainedModel> model;
-  {
-    nn::SkipInit skip;  // the checkpoint provides the values (the report says what it did not)
-    model = from_config(config, registries);
+  for (int attempt = 0;; ++attempt) {
+    std::optional<checkpoint::DirectoryHandle> handle;
+    if (is_dir) handle = checkpoint::DirectoryHandle::open(dir);
+    try {
+      const auto config = with_overrides(
+          handle ? ModelConfig::from_file(handle->file("config.json"), &registries.families(), config_path.string())
+                 : ModelConfig::from_file(dir, &registries.families()),
+          options.config_overrides, config_path.string() + " (with overrides)", registries);
+      const auto weights = handle ? checkpoint::Checkpoint::open(*handle) : checkpoint::Checkpoint::open(dir.parent_path());
+      check_model_size(config, &weights, options, config_path.string());
+      std::shared_ptr<PretrainedModel> model;
+      {
+        nn::SkipInit skip;  // the checkpoint provides the values (the report says what it did not)
+        model = from_config(config, registries);
+      }
+      if (options.dtype) model->to(*options.dtype);
+      auto result = checkpoint::load_weights(
+          *model, weights, checkpoint::LoadOptions{options.strict, &registries.conversions(), options.reject_non_finite});
+      if (report) *report = std::move(result);
+      return model;
+    } catch (const Error&) {
+      if (!handle || attempt == 3 || !replaced_meanwhile(*handle)) throw;
+    }
   }
-  if (options.dtype) model->to(*options.dtype);
-  auto result = checkpoint::load_weights(*model, weights, checkpoint::LoadOptions{options.strict, &registries.conversions()});
-  if (report) *report = std::move(result);
-  return model;
 }
 
 namespace {
@@ -95,6 +161,7 @@ ModelConfig preset_config(const std::string& name, const Registries& registries)
 std::shared_ptr<PretrainedModel> preset_model(const std::string& name, uint64_t seed, const PretrainedOptions& options) {
   const auto& registries = options.registries;
   auto config = with_overrides(preset_config(name, registries), options.config_overrides, "preset " + name, registries);
+  check_model_size(config, nullptr, options, "preset " + name);
   auto model = from_config(config, registries);
   init_random_weights(*model, seed);
   if (options.dtype) model->to(*options.dtype);

@@ -2,9 +2,11 @@
 // functions and puts what they offer into a patch registry (drop-in) or a catalogue (by name).
 #pragma once
 
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <sys/types.h>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,8 @@ struct stat;
 struct TorchpatchPluginDescriptor;  // plugin_descriptor.h
 
 namespace torchpatch {
+
+struct LoadedIdentity;  // plugin_host.cpp: a file loaded into a set of registries
 
 /// How a plugin's replacements are used once loaded.
 enum class PluginMode {
@@ -57,11 +61,26 @@ struct RegistrarOffer {
 };
 using RegistrarConversion = std::pair<std::string, checkpoint::ConversionFactory>;
 
+/// Which plugins are first loaded in a short-lived child process (see PluginHostOptions::probe).
+enum class PluginProbe {
+  Off,      ///< none
+  DropIns,  ///< plugins loaded as drop-ins (the CLI's default)
+  All,      ///< the bundled (catalogue) plugins too
+};
+
 struct PluginHostOptions {
   /// A refused plugin throws PluginError instead of being skipped.
   bool strict = false;
-  /// Load plugin files or directories that anyone may write to.
+  /// Load plugin files or directories that anyone may write to, or that sit in directories anyone may
+  /// rename (a world-writable directory without the sticky bit anywhere above them).
   bool allow_world_writable = false;
+  /// Crash isolation: a plugin is loaded in a forked child first; one that dies there (a signal, an
+  /// exit of its own, no end within `probe_timeout`) is refused with the signal or status and the
+  /// phase (static initialisation, descriptor, registration), and never loaded into this process.
+  PluginProbe probe = PluginProbe::Off;
+  /// Where probe outcomes are kept by file identity (empty: not kept); see default_probe_cache().
+  std::filesystem::path probe_cache;
+  std::chrono::milliseconds probe_timeout{10000};
 };
 
 /// Loads plugins into `registries` (the process-wide ones by default): their patches, conversions and
@@ -75,11 +94,16 @@ class PluginHost {
   PluginHost(const PluginHost&) = delete;
   PluginHost& operator=(const PluginHost&) = delete;
 
-  /// Loads every `*.so` in `dir` (sorted by name). A missing directory is recorded as refused.
+  /// Loads every `*.so` in `dir` (sorted by name). A missing directory is recorded as refused, and so
+  /// is a relative path: plugin paths are absolute (the CLI resolves --plugin-dir against the current
+  /// directory and says so), or the current directory would decide what code runs.
   void load_directory(const std::filesystem::path& dir, PluginMode mode = PluginMode::DropIn);
-  /// Loads one plugin file; returns its record (refused, with the reason, on any failure).
+  /// Loads one plugin file; returns its record (refused, with the reason, on any failure). A file this
+  /// host loaded before is a duplicate; one another host loaded into the same registries is not
+  /// loaded again, but its classes are offered here too and its drop-in keys go into this host's patches.
   PluginRecord load_file(const std::filesystem::path& file, PluginMode mode = PluginMode::DropIn);
-  /// Loads the directories of a colon-separated path list (e.g. $TORCHPATCH_PLUGIN_PATH) as drop-ins.
+  /// Loads the directories of a colon-separated path list (e.g. $TORCHPATCH_PLUGIN_PATH) as drop-ins;
+  /// relative entries are refused.
   void load_path_list(const std::string& paths);
 
   /// Every file seen, in load order.
@@ -100,6 +124,9 @@ class PluginHost {
 
  private:
   PluginRecord& refuse(PluginRecord& record, std::string reason);
+  PluginRecord load_locked(const std::filesystem::path& file, PluginMode mode);
+  std::optional<std::string> probe(const std::filesystem::path& file, const struct ::stat& st, PluginMode mode);
+  std::optional<std::string> adopt(const LoadedIdentity& loaded, PluginRecord& record, std::size_t index);
   // The stages of load_file; each returns why the plugin is refused, or nullopt.
   std::optional<std::string> check_file(const std::filesystem::path& file, struct ::stat& st) const;
   std::optional<std::string> check_descriptor(const TorchpatchPluginDescriptor* d, PluginRecord& record) const;
@@ -117,7 +144,13 @@ class PluginHost {
   std::vector<PluginRecord> records_;
   std::vector<ModuleClass> classes_;
   std::vector<std::pair<std::string, std::size_t>> dropin_keys_;  // key -> index into records_
+  std::vector<std::pair<dev_t, ino_t>> loaded_here_;             // files this host loaded or adopted
+  int probe_fd_ = -1;  // in a probe child: where the phases go
 };
+
+/// The probe cache of the current user: `$TORCHPATCH_CACHE_DIR/plugin-probes.json`, else under
+/// `$XDG_CACHE_HOME/torchpatch` or `~/.cache/torchpatch`; empty when none of them is set.
+std::filesystem::path default_probe_cache();
 
 /// Where the bundled plugins live relative to the running executable (`<exe>/../lib/torchpatch/plugins`).
 std::filesystem::path bundled_plugin_dir();

@@ -28,6 +28,17 @@ struct TORCHPATCH_API LoadReport {
   std::vector<std::string> missing;                    ///< model tensors the checkpoint did not provide
   std::vector<std::string> unexpected;                 ///< checkpoint tensors the model has no place for
   std::vector<Mismatch> mismatched;                    ///< provided with the wrong shape (not loaded)
+  struct WrongDtype {
+    std::string key;
+    std::string checkpoint_dtype;  ///< as the checkpoint stores it, e.g. "Int"
+    std::string model_dtype;       ///< the parameter's, e.g. "Float"
+  };
+  /// Integer or boolean tensors given for floating-point parameters (not loaded: a cast would give
+  /// numbers, just wrong ones).
+  std::vector<WrongDtype> wrong_dtype;
+  /// Loaded tensors holding NaN or infinity, with how many values are not finite. A warning, or an
+  /// error with LoadOptions::reject_non_finite.
+  std::vector<std::pair<std::string, int64_t>> non_finite;
   std::map<std::string, std::string> conversion_errors;  ///< target key -> what went wrong
   std::vector<std::string> conversions;                ///< rules that converted something
   /// Tensors of another task's head, left out when a head checkpoint loads into the base model
@@ -35,8 +46,12 @@ struct TORCHPATCH_API LoadReport {
   std::vector<std::string> ignored;
   bool strict = true;
 
-  bool clean() const { return missing.empty() && unexpected.empty() && mismatched.empty() && conversion_errors.empty(); }
-  /// A multi-line account naming every key; `source` is the checkpoint path.
+  bool clean() const {
+    return missing.empty() && unexpected.empty() && mismatched.empty() && wrong_dtype.empty() &&
+           conversion_errors.empty();
+  }
+  /// A multi-line account naming the keys (names escaped; at most 50 per kind, then a count);
+  /// `source` is the checkpoint path.
   std::string describe(const std::string& source) const;
   nlohmann::json to_json() const;
 };
@@ -47,6 +62,8 @@ struct TORCHPATCH_API LoadOptions {
   bool strict = true;
   /// The conversion rules to load through (nullptr: global_conversions()).
   const ConversionRegistry* conversions = nullptr;
+  /// NaN or infinity in a loaded tensor throws CheckpointError (otherwise it is reported).
+  bool reject_non_finite = false;
 };
 
 /// The rules that apply to `model`: its class name's (else its model_type's), then the rules of each

@@ -83,6 +83,11 @@ struct TORCHPATCH_API DecoderConfig {
   /// stretch it"; with `rotary` false (learned absolute positions) "max_position_embeddings 512".
   std::string position_limit(bool rotary = true) const;
 
+  /// At least how many parameters a model of this config has (embeddings, attention and MLP or expert
+  /// matrices; as a double, so absurd sizes do not overflow). Checked against a checkpoint's tensors
+  /// and the machine's memory before anything is allocated.
+  double parameter_lower_bound() const;
+
   /// What the rotary embedding needs of this config.
   operator nn::RopeOptions() const { return {rope, head_dim, max_position_embeddings}; }
 };

@@ -38,6 +38,11 @@ struct TORCHPATCH_API PretrainedOptions {
   nlohmann::json config_overrides = nlohmann::json::object();
   /// Families, patches and conversions to build and load with.
   Registries registries = default_registries();
+  /// Refuse, before anything is allocated, a config whose parameters need more than this machine's
+  /// physical memory (a model that large would be killed by the kernel half-way through building).
+  bool check_memory = true;
+  /// NaN or infinity in a loaded tensor is an error (otherwise the report lists it).
+  bool reject_non_finite = false;
 };
 
 /// `config` with `overrides` written over its config.json fields, parsed again by the families of

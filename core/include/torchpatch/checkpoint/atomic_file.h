@@ -1,8 +1,10 @@
-// Internal: a file written whole or not at all. Bytes go to a temporary file beside the target; commit()
+// A file written whole or not at all. Bytes go to a temporary file beside the target; commit()
 // flushes it to disk, renames it over the target and makes the rename durable. Destroyed without
 // commit(), the temporary file is removed and the target is untouched. Every failure is a
 // CheckpointError naming the file and the cause.
 #pragma once
+
+#include "torchpatch/export.h"
 
 #include <cstddef>
 #include <filesystem>
@@ -10,7 +12,7 @@
 
 namespace torchpatch::checkpoint {
 
-class AtomicFile {
+class TORCHPATCH_API AtomicFile {
  public:
   explicit AtomicFile(std::filesystem::path target);
   ~AtomicFile();
@@ -31,9 +33,9 @@ class AtomicFile {
 };
 
 /// `text` as the whole content of `target`, atomically and durably.
-void write_file_atomically(const std::filesystem::path& target, const std::string& text);
+TORCHPATCH_API void write_file_atomically(const std::filesystem::path& target, const std::string& text);
 
 /// strerror for messages.
-std::string errno_text(int err);
+TORCHPATCH_API std::string errno_text(int err);
 
 }  // namespace torchpatch::checkpoint

@@ -1,0 +1,16 @@
+// Names from files and plugins go to terminals: escaped so that they cannot move the cursor, clear the
+// screen or forge lines of output.
+#pragma once
+
+#include "torchpatch/export.h"
+
+#include <string>
+#include <string_view>
+
+namespace torchpatch {
+
+/// `text` with control characters (C0, DEL, C1) and bytes that are not UTF-8 written as `\xNN`
+/// (`\n`, `\t`, `\r` as themselves escaped) and backslashes doubled; printable UTF-8 is kept as is.
+TORCHPATCH_API std::string printable(std::string_view text);
+
+}  // namespace torchpatch
