@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "torchpatch/checkpoint/conversion.h"
 #include "torchpatch/checkpoint/safetensors.h"
 #include "torchpatch/error.h"
 #include "torchpatch/json_file.h"
@@ -465,4 +466,23 @@ TEST_CASE("eos ids out of range on the command line name the option, not pad_tok
   const auto r = torchpatch_cli("generate --model " + testutil::llama_dir() + " --prompt-ids 1,2 --eos-ids 999999");
   CHECK(r.code == 2);
   CHECK_THAT(r.out, Contains("--eos-ids: token id 999999 is out of range for vocab_size"));
+}
+
+// -- patterns that backtrack without end (found by fuzz_conversion_patterns) ---------------------------
+
+TEST_CASE("a pattern too costly to match is an error naming it, not an escaped Boost exception",
+          "[hardening][regex]") {
+  namespace ckpt = torchpatch::checkpoint;
+  const ckpt::ConversionPlan plan({{"", {ckpt::WeightRenaming{"^model\\.(.*)*\\~", "x"}}, false}});
+  CHECK_THROWS_MATCHES(plan.route("model.layers.0.self_attn.q_proj.weight.and.a.long.tail.of.segments"),
+                       torchpatch::CheckpointError,
+                       Catch::Matchers::Message(
+                           "conversion pattern '^model\\.(.*)*\\~' is too costly to match against "
+                           "'model.layers.0.self_attn.q_proj.weight.and.a.long.tail.of.segments' (it backtracks "
+                           "without end); simplify the pattern"));
+  torchpatch::PatchRegistry registry;
+  registry.register_patch_mapping({{"^Llama(.*)*\\~", renamed_mlp("CostlyMLP")}});
+  CHECK_THROWS_WITH(registry.get_patch_mapping().find("LlamaDecoderLayerWithAVeryLongNameIndeedReally"),
+                    Contains("patch key '^Llama(.*)*\\~' is too costly to match against class "
+                             "'LlamaDecoderLayerWithAVeryLongNameIndeedReally'"));
 }

@@ -7,8 +7,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -202,8 +205,38 @@ TEST_CASE("names are escaped before they reach a terminal", "[hardening][printab
   CHECK(torchpatch::printable("plain.name-1") == "plain.name-1");
   CHECK(torchpatch::printable("a\x1b[2Jb") == "a\\x1B[2Jb");
   CHECK(torchpatch::printable("line\nforged [bundled]") == "line\\nforged [bundled]");
-  CHECK(torchpatch::printable("back\\slash") == "back\\\\slash");
+  CHECK(torchpatch::printable("back\\slash") == "back\\slash");  // patterns read as written
   CHECK(torchpatch::printable("caf\xc3\xa9 \xe4\xb8\xad") == "caf\xc3\xa9 \xe4\xb8\xad");  // UTF-8 kept
   CHECK(torchpatch::printable("\xc2\x9b" "31m") == "\\xC2\\x9B31m");  // C1 CSI
   CHECK(torchpatch::printable("bad\xff\xc3") == "bad\\xFF\\xC3");
+}
+
+// -- threads ------------------------------------------------------------------------------------------
+
+TEST_CASE("stress: hosts on their own and on shared registries load plugins from 4 threads at once",
+          "[plugins][threads][stress]") {
+  const fs::path good = kTestPluginDir / "good" / "testplugin_good.so";
+  const fs::path toy = kTestPluginDir / "toy_family" / "testplugin_toy_family.so";
+  torchpatch::Registries shared;
+  std::atomic<int> loaded{0}, failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 8; ++round) {
+        torchpatch::Registries own;
+        PluginHost host(PluginHostOptions{}, round % 2 ? shared.with_own_patches() : own);
+        for (const auto& file : {good, toy}) {
+          const auto status = host.load_file(file).status;
+          if (status == PluginRecord::Status::Loaded) ++loaded;
+          else ++failures;
+        }
+        // Build while other threads register: the family and the patch must be there, whole.
+        if (!host.registries().families().find("toy")) ++failures;
+        if (t == 0) (void)host.registries().patches().get_patch_mapping();
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  CHECK(failures == 0);
+  CHECK(loaded == 4 * 8 * 2);
 }

@@ -10,7 +10,8 @@
 namespace torchpatch {
 
 /// `text` with control characters (C0, DEL, C1) and bytes that are not UTF-8 written as `\xNN`
-/// (`\n`, `\t`, `\r` as themselves escaped) and backslashes doubled; printable UTF-8 is kept as is.
+/// (`\n`, `\t`, `\r` as such); printable text, UTF-8 and backslashes included, is kept as it is (so
+/// regular expressions read as written).
 TORCHPATCH_API std::string printable(std::string_view text);
 
 }  // namespace torchpatch

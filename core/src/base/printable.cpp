@@ -37,7 +37,6 @@ std::string printable(std::string_view text) {
   for (std::size_t i = 0; i < text.size();) {
     const unsigned char c = static_cast<unsigned char>(text[i]);
     if (c >= 0x20 && c < 0x7F) {
-      if (c == '\\') out += '\\';
       out += static_cast<char>(c);
       ++i;
     } else if (const std::size_t n = c >= 0x80 ? utf8_length(text, i) : 0; n > 0) {

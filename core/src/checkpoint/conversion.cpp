@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "torchpatch/error.h"
+#include "torchpatch/printable.h"
 
 namespace torchpatch::checkpoint {
 
@@ -120,6 +121,18 @@ bool natural_key_less(const std::string& a, const std::string& b) {
 namespace {
 
 // Only the literal ".*." means "a dot, anything, a dot"; the rest of a pattern is a regular expression.
+// Boost gives up on a pattern that backtracks without end (a std::runtime_error from deep inside);
+// the user hears which pattern and which key instead.
+bool search_pattern(const std::string& text, boost::smatch& m, const boost::regex& pattern) {
+  try {
+    return boost::regex_search(text, m, pattern);
+  } catch (const std::runtime_error&) {
+    throw CheckpointError(fmt::format("conversion pattern '{}' is too costly to match against '{}' (it backtracks "
+                                      "without end); simplify the pattern",
+                                      printable(pattern.str()), printable(text)));
+  }
+}
+
 boost::regex compile_source(const std::string& pattern) {
   std::string rx;
   for (std::size_t i = 0; i < pattern.size(); ++i) {
@@ -208,7 +221,7 @@ ConversionPlan::Route ConversionPlan::route(const std::string& key) const {
       if (!renaming) continue;
       std::string rel = current.substr(c->prefix.size());
       boost::smatch m;
-      if (!boost::regex_search(rel, m, c->sources[r][0])) continue;
+      if (!search_pattern(rel, m, c->sources[r][0])) continue;
       rel.replace(static_cast<std::size_t>(m[0].first - rel.begin()), static_cast<std::size_t>(m[0].length()),
                   render_target(renaming->target, m));
       current = c->prefix + rel;
@@ -223,7 +236,7 @@ ConversionPlan::Route ConversionPlan::route(const std::string& key) const {
       if (!conv) continue;
       for (std::size_t s = 0; s < conv->sources.size(); ++s) {
         boost::smatch m;
-        if (!boost::regex_search(rel, m, c->sources[r][s])) continue;
+        if (!search_pattern(rel, m, c->sources[r][s])) continue;
         Route route;
         route.converter = conv;
         route.source_index = s;

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "torchpatch/error.h"
+#include "torchpatch/printable.h"
 #include "torchpatch/patching/build.h"
 #include "torchpatch/patching/class_table.h"
 
@@ -78,7 +79,13 @@ std::optional<PatchMapping::Match> PatchMapping::find(const std::string& class_n
   }
   for (std::size_t i = 0; i < entries_.size(); ++i) {
     if (entries_[i].key == class_name) continue;
-    if (boost::regex_search(class_name, patterns_[i]->regex)) return Match{&entries_[i], false};
+    try {
+      if (boost::regex_search(class_name, patterns_[i]->regex)) return Match{&entries_[i], false};
+    } catch (const std::runtime_error&) {  // Boost gives up on a pattern that backtracks without end
+      throw PatchError(fmt::format("patch key '{}' is too costly to match against class '{}' (it backtracks without "
+                                   "end); simplify the pattern",
+                                   printable(entries_[i].key), printable(class_name)));
+    }
   }
   return std::nullopt;
 }
