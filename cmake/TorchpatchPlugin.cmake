@@ -18,6 +18,9 @@ function(torchpatch_add_plugin name)
     PREFIX ""
     CXX_VISIBILITY_PRESET hidden
     VISIBILITY_INLINES_HIDDEN ON)
+  if(TARGET torchpatch_plugin_pch)  # in torchpatch's own tree (plugin_api/CMakeLists.txt)
+    target_precompile_headers(${name} REUSE_FROM torchpatch_plugin_pch)
+  endif()
   if(ARG_OUTPUT_DIRECTORY)
     set_target_properties(${name} PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${ARG_OUTPUT_DIRECTORY})
   elseif(DEFINED TORCHPATCH_PLUGIN_OUTPUT_DIR)

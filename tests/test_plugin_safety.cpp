@@ -199,6 +199,35 @@ TEST_CASE("a second host on the same registries offers the classes the first loa
   CHECK(own.patches().get_patch_mapping().get("LlamaMLP"));
 }
 
+TEST_CASE("a plugin first loaded as a catalogue is a drop-in for the next host, under its conflict checks",
+          "[plugins]") {
+  torchpatch::Registries registries;
+  const fs::path good = kTestPluginDir / "good" / "testplugin_good.so";
+  PluginHost catalogue(PluginHostOptions{}, registries.with_own_patches());
+  REQUIRE(catalogue.load_file(good, torchpatch::PluginMode::Catalogue).status == PluginRecord::Status::Loaded);
+  CHECK_FALSE(catalogue.registries().patches().get_patch_mapping().get("LlamaMLP"));
+
+  auto own = registries.with_own_patches();
+  PluginHost dropin(PluginHostOptions{}, own);
+  CHECK(dropin.load_file(good).status == PluginRecord::Status::Loaded);
+  const auto mapping = own.patches().get_patch_mapping();
+  const auto* patch = mapping.get("LlamaMLP");
+  REQUIRE(patch);
+  CHECK(patch->name == "CountingLlamaMLP");
+
+  // A host that has a drop-in for LlamaMLP already refuses the adopted one with the usual conflict.
+  auto other = registries.with_own_patches();
+  PluginHost conflicting(PluginHostOptions{}, other);
+  REQUIRE(conflicting.load_file(kTestPluginDir / "conflict" / "testplugin_conflict_a.so").status ==
+          PluginRecord::Status::Loaded);
+  const auto refused = conflicting.load_file(good);
+  CHECK(refused.status == PluginRecord::Status::Refused);
+  CHECK_THAT(refused.reason, Contains("key 'LlamaMLP' conflicts"));
+  const auto kept = other.patches().get_patch_mapping();
+  CHECK(kept.get("LlamaMLP")->name == "ConflictMlpA");
+  CHECK_FALSE(conflicting.find_class("CountingLlamaMLP"));
+}
+
 // -- terminal safety -----------------------------------------------------------------------------------
 
 TEST_CASE("names are escaped before they reach a terminal", "[hardening][printable]") {

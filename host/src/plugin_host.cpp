@@ -43,7 +43,6 @@ struct LoadedIdentity {
   ino_t inode;
   PluginRecord record;
   std::vector<ModuleClass> classes;
-  PatchMapping::Items dropin_items;
 };
 
 namespace {
@@ -245,6 +244,17 @@ std::optional<std::string> PluginHost::check_descriptor(const TorchpatchPluginDe
   return std::nullopt;
 }
 
+std::optional<std::string> PluginHost::dropin_conflict(const std::string& key, const Origin& origin) const {
+  for (const auto& [other_key, other] : dropin_keys_) {
+    if (other_key != key) continue;
+    const auto& o = records_[other];
+    return fmt::format("key '{}' conflicts: plugin '{}' ({}) and plugin '{}' ({}) both declare it; choose one "
+                       "with --patch {}=CLASS",
+                       key, o.name, o.path.string(), origin.plugin, origin.file, key);
+  }
+  return std::nullopt;
+}
+
 std::optional<std::string> PluginHost::check_offers(std::vector<RegistrarOffer>& offers, PluginMode mode,
                                                     const Origin& origin, PatchMapping::Items& items,
                                                     std::vector<OfferedClass>& offered) const {
@@ -270,13 +280,7 @@ std::optional<std::string> PluginHost::check_offers(std::vector<RegistrarOffer>&
         return std::string(e.what());
       }
       if (mode != PluginMode::DropIn) continue;
-      for (const auto& [other_key, other] : dropin_keys_) {
-        if (other_key != key) continue;
-        const auto& o = records_[other];
-        return fmt::format("key '{}' conflicts: plugin '{}' ({}) and plugin '{}' ({}) both declare it; choose one "
-                           "with --patch {}=CLASS",
-                           key, o.name, o.path.string(), origin.plugin, origin.file, key);
-      }
+      if (auto conflict = dropin_conflict(key, origin)) return conflict;
       items.emplace_back(key, offer.cls);
     }
     offered.push_back({offer.cls.name, offer.cls.role, offer.keys});
@@ -381,10 +385,26 @@ std::optional<std::string> PluginHost::probe(const fs::path& file, const struct 
 
 std::optional<std::string> PluginHost::adopt(const LoadedIdentity& loaded, PluginRecord& record, std::size_t index) {
   // Loaded by another host into these registries: its classes, conversions and families are in
-  // already; its drop-in keys go into this host's patches unless they are there.
+  // already. This host offers its classes too and, as a drop-in, puts the keys they declare into its
+  // own patches, under the checks of a first load (whichever mode the first host loaded it in).
+  const Origin origin = loaded.classes.empty() ? Origin{} : loaded.classes.front().origin;
+  PatchMapping::Items items;
+  for (const auto& cls : loaded.classes) {
+    if (auto existing = find_class(cls.name)) {
+      return fmt::format("class '{}' is already offered by {}", cls.name, existing->origin.describe());
+    }
+    if (record.mode != PluginMode::DropIn) continue;
+    for (const auto& offered : loaded.record.classes) {
+      if (offered.name != cls.name) continue;
+      for (const auto& key : offered.keys) {
+        if (auto conflict = dropin_conflict(key, origin)) return conflict;
+        items.emplace_back(key, cls);
+      }
+    }
+  }
   const auto mapping = registries_.patches().get_patch_mapping();
   PatchMapping::Items missing;
-  for (const auto& item : loaded.dropin_items) {
+  for (const auto& item : items) {
     const auto present = mapping.get(item.first);
     if (!present || present->origin.file != item.second.origin.file) missing.push_back(item);
   }
@@ -403,7 +423,7 @@ std::optional<std::string> PluginHost::adopt(const LoadedIdentity& loaded, Plugi
   record.reason = fmt::format("loaded once into these registries (from {}); offered by this host too",
                               loaded.record.path.string());
   classes_.insert(classes_.end(), loaded.classes.begin(), loaded.classes.end());
-  for (const auto& item : loaded.dropin_items) dropin_keys_.emplace_back(item.first, index);
+  for (const auto& item : items) dropin_keys_.emplace_back(item.first, index);
   return std::nullopt;
 }
 
@@ -499,7 +519,7 @@ PluginRecord PluginHost::load_locked(const fs::path& file, PluginMode mode) {
   record.classes = std::move(offered);
   record.status = PluginRecord::Status::Loaded;
   loaded_here_.emplace_back(st.st_dev, st.st_ino);
-  identities.push_back({st.st_dev, st.st_ino, record, std::move(classes), mode == PluginMode::DropIn ? items : PatchMapping::Items{}});
+  identities.push_back({st.st_dev, st.st_ino, record, std::move(classes)});
   return record;
 }
 

@@ -128,6 +128,7 @@ class PluginHost {
   std::optional<std::string> probe(const std::filesystem::path& file, const struct ::stat& st, PluginMode mode);
   std::optional<std::string> adopt(const LoadedIdentity& loaded, PluginRecord& record, std::size_t index);
   // The stages of load_file; each returns why the plugin is refused, or nullopt.
+  std::optional<std::string> dropin_conflict(const std::string& key, const Origin& origin) const;
   std::optional<std::string> check_file(const std::filesystem::path& file, struct ::stat& st) const;
   std::optional<std::string> check_descriptor(const TorchpatchPluginDescriptor* d, PluginRecord& record) const;
   std::optional<std::string> check_offers(std::vector<RegistrarOffer>& offers, PluginMode mode, const Origin& origin,
