@@ -43,6 +43,34 @@ void write_text(const fs::path& path, const std::string& text) {
 
 std::string nested_array(int depth) { return std::string(depth, '[') + std::string(depth, ']'); }
 
+using Tensors = std::vector<std::pair<std::string, at::Tensor>>;
+const fs::path kLlamaBasic = testutil::data_dir() / "llama_basic";
+
+// llama_basic's config.json with `changes` merged in.
+nlohmann::json llama_basic_config(const nlohmann::json& changes = nlohmann::json::object()) {
+  auto config = torchpatch::ModelConfig::from_file(kLlamaBasic).raw;
+  config.update(changes);
+  return config;
+}
+
+// llama_basic's tensors in file order, to change before writing them out.
+Tensors llama_basic_tensors() {
+  const auto source = torchpatch::checkpoint::SafetensorsFile::open(kLlamaBasic / "model.safetensors");
+  Tensors tensors;
+  for (const auto& info : source->tensors()) tensors.emplace_back(info.name, source->tensor(info.name));
+  return tensors;
+}
+
+// A checkpoint in `dir`: `config`, and `tensors` or else llama_basic's weights.
+void write_checkpoint(const fs::path& dir, const nlohmann::json& config, const Tensors* tensors = nullptr) {
+  write_text(dir / "config.json", config.dump());
+  if (tensors) {
+    torchpatch::checkpoint::save_safetensors(dir / "model.safetensors", *tensors);
+  } else {
+    fs::copy_file(kLlamaBasic / "model.safetensors", dir / "model.safetensors");
+  }
+}
+
 // The model_type of DIR's checkpoint, after loading it strictly: "" when it does not load.
 std::string loads_as(const fs::path& dir) {
   try {
@@ -69,7 +97,7 @@ TEST_CASE("config.json nested 100,000 deep is refused without recursion", "[hard
 
 TEST_CASE("trailing bytes after config.json's object are an error", "[hardening][json]") {
   ScratchDir dir("trailing-config");
-  const auto good = torchpatch::ModelConfig::from_file(testutil::data_dir() / "llama_basic").raw.dump();
+  const auto good = torchpatch::ModelConfig::from_file(kLlamaBasic).raw.dump();
   write_text(dir.path / "config.json", good + " {\"model_type\": \"bert\"}");
   CHECK_THROWS_WITH(torchpatch::ModelConfig::from_file(dir.path), Contains("config.json: not valid JSON") &&
                                                                       Contains("expected end of input"));
@@ -95,7 +123,7 @@ TEST_CASE("a FIFO in place of config.json, the weights or --inputs is refused at
                     (dir.path / "config.json").string() + ": a FIFO, not a regular file");
 
   fs::remove(dir.path / "config.json");
-  fs::copy_file(testutil::data_dir() / "llama_basic" / "config.json", dir.path / "config.json");
+  fs::copy_file(kLlamaBasic / "config.json", dir.path / "config.json");
   REQUIRE(::mkfifo((dir.path / "model.safetensors").c_str(), 0600) == 0);
   auto r = torchpatch_cli("run --model " + dir.path.string() + " --prompt-ids 1");
   CHECK(r.code == 1);
@@ -305,10 +333,8 @@ TEST_CASE("bench --repeats and --threads past what an int holds are usage errors
 
 TEST_CASE("a LibTorch failure is one line naming its cause; --debug adds the backtrace", "[hardening][cli]") {
   ScratchDir dir("storage-overflow");
-  auto config = torchpatch::ModelConfig::from_file(testutil::data_dir() / "llama_basic").raw;
-  config["intermediate_size"] = int64_t{1} << 62;  // passes the config checks, overflows LibTorch's storage size
-  write_text(dir.path / "config.json", config.dump());
-  fs::copy_file(testutil::data_dir() / "llama_basic" / "model.safetensors", dir.path / "model.safetensors");
+  // Passes the config checks, overflows LibTorch's storage size.
+  write_checkpoint(dir.path, llama_basic_config({{"intermediate_size", int64_t{1} << 62}}));
   // Past the size checks (which would refuse it first) to LibTorch's own.
   const std::string past_checks = " --allow-incomplete --no-memory-check";
   auto r = torchpatch_cli("run --model " + dir.path.string() + " --prompt-ids 1" + past_checks);
@@ -329,10 +355,7 @@ namespace {
 struct ChangedConfig {
   ScratchDir dir;
   ChangedConfig(const std::string& name, const nlohmann::json& changes) : dir(name) {
-    auto config = torchpatch::ModelConfig::from_file(testutil::data_dir() / "llama_basic").raw;
-    config.update(changes);
-    write_text(dir.path / "config.json", config.dump());
-    fs::copy_file(testutil::data_dir() / "llama_basic" / "model.safetensors", dir.path / "model.safetensors");
+    write_checkpoint(dir.path, llama_basic_config(changes));
   }
   std::string run(const std::string& extra = "") const {
     const auto r = torchpatch_cli("run --model " + dir.path.string() + " --prompt-ids 1" + extra);
@@ -341,10 +364,8 @@ struct ChangedConfig {
 };
 
 std::string config_error(const nlohmann::json& changes) {
-  auto config = torchpatch::ModelConfig::from_file(testutil::data_dir() / "llama_basic").raw;
-  config.update(changes);
   try {
-    torchpatch::ModelConfig::from_json(config, "config.json");
+    torchpatch::ModelConfig::from_json(llama_basic_config(changes), "config.json");
   } catch (const torchpatch::ConfigError& e) {
     return e.what();
   }
@@ -388,8 +409,7 @@ TEST_CASE("rope_theta, rms_norm_eps and yarn's betas that give NaN are refused",
 }
 
 TEST_CASE("a rope factor of 1e308 saturates the position limit instead of overflowing", "[hardening][rope]") {
-  auto config = torchpatch::ModelConfig::from_file(testutil::data_dir() / "llama_basic").raw;
-  config["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 1e308}};
+  const auto config = llama_basic_config({{"rope_scaling", {{"rope_type", "linear"}, {"factor", 1e308}}}});
   const auto parsed = torchpatch::ModelConfig::from_json(config, "config.json");
   CHECK(parsed.decoder.max_positions() == std::numeric_limits<int64_t>::max());
 }
@@ -399,15 +419,16 @@ TEST_CASE("a rope factor of 1e308 saturates the position limit instead of overfl
 namespace {
 
 // llama_basic with one tensor replaced by `value`.
-fs::path with_tensor(const ScratchDir& dir, const std::string& name, const at::Tensor& value) {
-  const auto source = torchpatch::checkpoint::SafetensorsFile::open(testutil::data_dir() / "llama_basic" / "model.safetensors");
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (const auto& info : source->tensors()) {
-    tensors.emplace_back(info.name, info.name == name ? value : source->tensor(info.name));
+void with_tensor(const ScratchDir& dir, const std::string& name, const at::Tensor& value) {
+  auto tensors = llama_basic_tensors();
+  for (auto& [tensor_name, tensor] : tensors) {
+    if (tensor_name == name) tensor = value;
   }
-  fs::copy_file(testutil::data_dir() / "llama_basic" / "config.json", dir.path / "config.json");
-  torchpatch::checkpoint::save_safetensors(dir.path / "model.safetensors", tensors);
-  return dir.path;
+  write_checkpoint(dir.path, llama_basic_config(), &tensors);
+}
+
+at::Tensor llama_basic_tensor(const std::string& name) {
+  return torchpatch::checkpoint::SafetensorsFile::open(kLlamaBasic / "model.safetensors")->tensor(name).clone();
 }
 
 const char* kNormWeight = "model.layers.0.input_layernorm.weight";
@@ -416,11 +437,7 @@ const char* kNormWeight = "model.layers.0.input_layernorm.weight";
 
 TEST_CASE("an integer tensor under a float weight's name is reported, not cast", "[hardening][load]") {
   ScratchDir dir("int-weight");
-  const auto shape = torchpatch::checkpoint::SafetensorsFile::open(testutil::data_dir() / "llama_basic" /
-                                                                   "model.safetensors")
-                         ->tensor(kNormWeight)
-                         .sizes();
-  with_tensor(dir, kNormWeight, at::ones(shape, at::kInt));
+  with_tensor(dir, kNormWeight, at::ones(llama_basic_tensor(kNormWeight).sizes(), at::kInt));
   const auto r = torchpatch_cli("run --model " + dir.path.string() + " --prompt-ids 1");
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Contains(std::string("tensor '") + kNormWeight + "' is stored as Int but the parameter is Float: not cast"));
@@ -428,8 +445,7 @@ TEST_CASE("an integer tensor under a float weight's name is reported, not cast",
 
 TEST_CASE("non-finite weights are a warning naming the tensor, an error with --strict", "[hardening][load]") {
   ScratchDir dir("nan-weight");
-  const auto source = torchpatch::checkpoint::SafetensorsFile::open(testutil::data_dir() / "llama_basic" / "model.safetensors");
-  auto poisoned = source->tensor(kNormWeight).clone();
+  auto poisoned = llama_basic_tensor(kNormWeight);
   poisoned.index_put_({0}, std::numeric_limits<float>::quiet_NaN());
   poisoned.index_put_({1}, std::numeric_limits<float>::infinity());
   with_tensor(dir, kNormWeight, poisoned);
@@ -448,13 +464,10 @@ TEST_CASE("non-finite weights are a warning naming the tensor, an error with --s
 
 TEST_CASE("thousands of stray tensors give a bounded report with escaped names", "[hardening][load]") {
   ScratchDir dir("stray-tensors");
-  const auto source = torchpatch::checkpoint::SafetensorsFile::open(testutil::data_dir() / "llama_basic" / "model.safetensors");
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (const auto& info : source->tensors()) tensors.emplace_back(info.name, source->tensor(info.name));
+  auto tensors = llama_basic_tensors();
   for (int i = 0; i < 5000; ++i) tensors.emplace_back(fmt::format("stray.{}", i), at::zeros({1}));
   tensors.emplace_back("evil\x1b[2J\nloaded fake [bundled]", at::zeros({1}));
-  fs::copy_file(testutil::data_dir() / "llama_basic" / "config.json", dir.path / "config.json");
-  torchpatch::checkpoint::save_safetensors(dir.path / "model.safetensors", tensors);
+  write_checkpoint(dir.path, llama_basic_config(), &tensors);
   const auto r = torchpatch_cli("run --model " + dir.path.string() + " --prompt-ids 1");
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Contains("... and 4951 more"));
