@@ -1,0 +1,45 @@
+// GGUF's Q8_0 and Q4_0 block formats, byte for byte: a row of a weight [out, in] is cut into blocks
+// of 32 consecutive input weights, each stored as an fp16 scale followed by the quantized values.
+//
+//   Q8_0  34 bytes: d = amax / 127, then 32 int8 q = round(x / d), half away from zero (x * (1/d))
+//   Q4_0  18 bytes: d = max / -8 (max: the signed value of largest magnitude, the first on ties),
+//         then 16 bytes; q = min(15, trunc(x * (1/d) + 8.5)), byte j holding q[j] | q[j + 16] << 4
+//
+// Scales are little-endian IEEE half precision; the arithmetic is float32 without fused
+// multiply-add, as llama.cpp's reference quantizer, so the blocks equal what it writes.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "torchpatch/export.h"
+
+namespace torchpatch::nn {
+
+enum class QuantFormat { kQ8_0, kQ4_0 };
+
+/// Weights per block, for both formats.
+constexpr int64_t kQuantBlockSize = 32;
+
+/// Bytes per block: 34 (Q8_0) or 18 (Q4_0).
+TORCHPATCH_API int64_t block_bytes(QuantFormat format);
+
+/// "q8_0" or "q4_0".
+TORCHPATCH_API const char* format_name(QuantFormat format);
+
+/// The format named "q8_0" or "q4_0" (either case), or nullopt.
+TORCHPATCH_API std::optional<QuantFormat> parse_quant_format(const std::string& name);
+
+/// Quantizes `weight` [..., in] (any floating dtype, read as float32) along its last dimension into
+/// uint8 [..., in / 32 * block_bytes]. Refuses, naming `name`, an `in` that is not a multiple of 32
+/// and values that are not finite.
+TORCHPATCH_API at::Tensor quantize(QuantFormat format, const at::Tensor& weight, const std::string& name);
+
+/// The float32 weights [..., in] that `blocks` [..., in / 32 * block_bytes] stand for: d * q (Q8_0),
+/// d * (q - 8) (Q4_0). Refuses, naming `name`, anything but uint8 rows of whole blocks.
+TORCHPATCH_API at::Tensor dequantize(QuantFormat format, const at::Tensor& blocks, const std::string& name);
+
+}  // namespace torchpatch::nn
