@@ -42,4 +42,23 @@ TORCHPATCH_API at::Tensor quantize(QuantFormat format, const at::Tensor& weight,
 /// d * (q - 8) (Q4_0). Refuses, naming `name`, anything but uint8 rows of whole blocks.
 TORCHPATCH_API at::Tensor dequantize(QuantFormat format, const at::Tensor& blocks, const std::string& name);
 
+/// How products with quantized weights are computed. Activations are quantized to Q8_0 per row first
+/// (llama.cpp's scheme), so both kernels sum the same int8 products; they differ in float rounding.
+enum class QuantKernel {
+  kAuto,    ///< AVX2 where the CPU has it (with FMA and F16C), else scalar (the default)
+  kScalar,  ///< plain C++
+  kAvx2,    ///< 32 bytes at a time with maddubs / madd (scalar without AVX2)
+};
+
+/// Chooses the kernel for the whole process (tests and benchmarks compare them); returns the previous one.
+TORCHPATCH_API QuantKernel set_quant_kernel(QuantKernel kernel);
+
+/// Whether this CPU runs `kernel` itself (kAuto and kScalar always).
+TORCHPATCH_API bool quant_kernel_available(QuantKernel kernel);
+
+/// y = x W^T + bias for x float32 [..., in] and W's blocks uint8 [out_features, in / 32 * block_bytes]:
+/// float32 [..., out_features]. Output rows are split across the intra-op threads.
+TORCHPATCH_API at::Tensor quant_linear(QuantFormat format, const at::Tensor& x, const at::Tensor& blocks,
+                                       int64_t out_features, const at::Tensor& bias = {});
+
 }  // namespace torchpatch::nn
