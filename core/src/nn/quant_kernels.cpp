@@ -8,6 +8,7 @@
 // one thread in one order, so a result does not depend on the thread count.
 #include "torchpatch/nn/quant.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -132,9 +133,14 @@ __attribute__((target("avx2,fma,f16c"))) float dot_q4_0_avx2(const uint8_t* w, c
 
 using DotFn = float (*)(const uint8_t*, const QuantizedRow&, int64_t);
 
+// F16C from CPUID leaf 1 (clang's __builtin_cpu_supports does not know it).
+bool cpu_has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+
 bool cpu_has_avx2() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                          __builtin_cpu_supports("f16c");
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
   return has;
 }
 
