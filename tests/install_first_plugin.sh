@@ -97,7 +97,7 @@ echo "== $cli plan --preset tiny-llama --plugin-dir $plugin_build"
 out=$("$cli" plan --preset tiny-llama --plugin-dir "$plugin_build" --strict)
 echo "$out"
 expect_line "$out" "LlamaMLP -> MyLlamaMLP  [exact key; plugin first-plugin 0.1.0 ($plugin)]" 2
-expect_line "$out" "2 of 12 patch points replaced" 1
+expect_line "$out" "2 of 27 patch points replaced" 1  # 12 blocks and 15 projections
 
 echo "== $cli run --preset tiny-llama --prompt-ids 1,2,3 --plugin-dir $plugin_build"
 plain=$("$cli" run --preset tiny-llama --prompt-ids 1,2,3)

@@ -192,7 +192,7 @@ TEST_CASE("BertForMaskedLM: base checkpoint in, prefixed checkpoint out, tied de
     mlm.predictions->bias.normal_();  // so the bias tie is visible in the logits
     const auto out = model->forward(batch_inputs());
     const auto& head = *mlm.predictions;
-    auto h = at::gelu(at::linear(out.last_hidden_state, head.transform_dense->weight, head.transform_dense->bias));
+    auto h = at::gelu(head.transform_dense->forward(out.last_hidden_state));
     h = at::layer_norm(h, {h.size(-1)}, head.transform_norm->weight, head.transform_norm->bias, 1e-12);
     const auto table = checkpoint::SafetensorsFile::open(case_dir() / "model.safetensors")
                            ->tensor("embeddings.word_embeddings.weight");
@@ -380,9 +380,9 @@ TEST_CASE("BERT in decoder mode: causal self-attention and cross-attention", "[b
   BertAttentionInputs inputs;
   inputs.encoder_hidden_states = in.encoder_hidden_states;
   auto heads = [](const at::Tensor& t) { return t.view({1, -1, 4, 16}).transpose(1, 2); };
-  const auto q = heads(at::linear(x, cross.query->weight, cross.query->bias));
-  const auto k = heads(at::linear(inputs.encoder_hidden_states, cross.key->weight, cross.key->bias));
-  const auto v = heads(at::linear(inputs.encoder_hidden_states, cross.value->weight, cross.value->bias));
+  const auto q = heads(cross.query->forward(x));
+  const auto k = heads(cross.key->forward(inputs.encoder_hidden_states));
+  const auto v = heads(cross.value->forward(inputs.encoder_hidden_states));
   const auto expected = at::matmul(at::softmax(at::matmul(q, k.transpose(2, 3)) / 4.0, -1), v).transpose(1, 2).reshape({1, 10, 64});
   CHECK(testutil::close("cross-attention", cross.forward(x, inputs), expected, {}, 1e-5, 1e-5));
 }

@@ -85,7 +85,7 @@ TEST_CASE("tied embeddings load from a checkpoint without lm_head.weight", "[che
   const auto dir = write_checkpoint("tied", config, without(reference_weights(), "lm_head.weight"));
   auto model = std::dynamic_pointer_cast<DecoderForCausalLM>(from_pretrained(dir));
   REQUIRE(model);
-  CHECK(at::equal(model->lm_head->weight, model->model->embed_tokens->weight));
+  CHECK(at::equal(std::dynamic_pointer_cast<torchpatch::TiedLmHead>(model->lm_head)->weight, model->model->embed_tokens->weight));
   at::NoGradGuard no_grad;
   ModelInputs in;
   in.input_ids = at::tensor({3, 1, 4, 1, 5}, at::kLong).unsqueeze(0);

@@ -58,7 +58,7 @@ TEST_CASE("cli plan shows the swap on every layer", "[cli]") {
   INFO(r.out);
   REQUIRE(r.code == 0);
   CHECK(count(r.out, "LlamaAttention -> CustomLlamaAttention  [exact key; plugin custom-llama-attention 1.0.0") == 2);
-  CHECK_THAT(r.out, Contains("2 of 12 patch points replaced"));
+  CHECK_THAT(r.out, Contains("2 of 27 patch points replaced"));  // 12 blocks and 15 projections
   const auto j = nlohmann::json::parse(torchpatch_cli("plan --preset tiny-llama --json --patch .*Attention$=CustomLlamaAttention").out);
   int patched = 0;
   for (const auto& p : j["patch_points"]) {

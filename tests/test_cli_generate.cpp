@@ -85,9 +85,16 @@ TEST_CASE("cli bench prints both ratios", "[cli][bench]") {
   const auto j = nlohmann::json::parse(r.out);
   CHECK(j["copy_bandwidth_bytes_per_second"].get<double>() > 0);
   CHECK(j["matmul_flops_per_second"].get<double>() > 0);
-  REQUIRE(j["results"].size() == 3);  // built-in, built-in on BLAS's sgemv, FusedQKVAttention
+  // built-in, built-in on BLAS's sgemv, FusedQKVAttention, quantized q8_0 and q4_0
+  REQUIRE(j["results"].size() == 5);
   CHECK(j["results"][1]["variant"] == "built-in, BLAS sgemv");
   CHECK(j["results"][2]["variant"] == "FusedQKVAttention");
+  CHECK(j["results"][3]["variant"] == "quantized q8_0");
+  CHECK(j["results"][4]["variant"] == "quantized q4_0");
+  // Quantized weights are fewer bytes per token: 34 and 18 bytes a block of 32 (lm_head at q8_0 in q4_0).
+  const double f32 = j["results"][0]["weight_bytes_per_token"].get<double>();
+  CHECK(j["results"][3]["weight_bytes_per_token"].get<double>() < 0.3 * f32);
+  CHECK(j["results"][4]["weight_bytes_per_token"].get<double>() < j["results"][3]["weight_bytes_per_token"].get<double>());
   for (const auto& row : j["results"]) {
     CHECK(row["decode_fraction_of_bandwidth_limit"].get<double>() > 0);
     CHECK(row["prefill_fraction_of_matmul_rate"].get<double>() > 0);

@@ -92,7 +92,7 @@ TEST_CASE("tied embeddings share one tensor and load without lm_head.weight", "[
   const auto config = ModelConfig::from_json(json);
   auto model = std::dynamic_pointer_cast<DecoderForCausalLM>(from_config(config));
   REQUIRE(model);
-  CHECK(model->lm_head->weight.data_ptr() == model->model->embed_tokens->weight.data_ptr());
+  CHECK(std::dynamic_pointer_cast<torchpatch::TiedLmHead>(model->lm_head)->weight.data_ptr() == model->model->embed_tokens->weight.data_ptr());
   CHECK(model->tied_weights().at("lm_head.weight") == "model.embed_tokens.weight");
 }
 

@@ -4,6 +4,7 @@
 #include "test_prelude.h"
 
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -46,9 +47,10 @@ TEST_CASE("quantized products equal the float product of the dequantized weights
           "[quant][kernels]") {
   at::manual_seed(11);
   for (const auto format : {QuantFormat::kQ8_0, QuantFormat::kQ4_0}) {
-    for (const int64_t rows : {1, 3, 17, 257}) {
-      for (const int64_t in : {32, 64, 768}) {
-        for (const int64_t tokens : {1, 2, 5}) {
+    // Row and token counts around the AVX-512 kernel's 4 x 4 tiles; 32 and 96 give an odd block count.
+    for (const int64_t rows : {1, 3, 6, 17, 257}) {
+      for (const int64_t in : {32, 96, 768}) {
+        for (const int64_t tokens : {1, 2, 3, 5, 17}) {
           const auto w = at::randn({rows, in}) * 0.05;
           const auto blocks = torchpatch::nn::quantize(format, w, "w");
           const auto dense = torchpatch::nn::dequantize(format, blocks, "w");
@@ -60,11 +62,14 @@ TEST_CASE("quantized products equal the float product of the dequantized weights
           const auto scalar = product(QuantKernel::kScalar, format, x, blocks, rows, bias);
           INFO(torchpatch::nn::format_name(format) << " rows " << rows << " in " << in << " tokens " << tokens);
           CHECK(((scalar.to(at::kDouble) - expected).abs() - bound).max().item<double>() <= 0);
-          if (!torchpatch::nn::quant_kernel_available(QuantKernel::kAvx2)) continue;
-          const auto avx2 = product(QuantKernel::kAvx2, format, x, blocks, rows, bias);
-          // Same int8 sums; only the float accumulation order differs.
-          const auto tolerance = 1e-5 * at::matmul(x.abs(), dense.abs().t()) + 1e-6;
-          CHECK(((avx2 - scalar).abs() - tolerance).max().item<double>() <= 0);
+          for (const auto kernel : {QuantKernel::kAvx2, QuantKernel::kAvx512, QuantKernel::kAuto}) {
+            if (!torchpatch::nn::quant_kernel_available(kernel)) continue;
+            const auto vector = product(kernel, format, x, blocks, rows, bias);
+            INFO("kernel " << static_cast<int>(kernel));
+            // Same int8 sums; only the float accumulation order differs.
+            const auto tolerance = 1e-5 * at::matmul(x.abs(), dense.abs().t()) + 1e-6;
+            CHECK(((vector - scalar).abs() - tolerance).max().item<double>() <= 0);
+          }
         }
       }
     }
@@ -73,18 +78,56 @@ TEST_CASE("quantized products equal the float product of the dequantized weights
 
 TEST_CASE("a quantized product is the same with one thread and with two", "[quant][kernels]") {
   at::manual_seed(12);
-  const auto w = at::randn({300, 256});
-  const auto x = at::randn({3, 256});
+  const auto w = at::randn({301, 256});
   const int previous = at::get_num_threads();
-  for (const auto format : {QuantFormat::kQ8_0, QuantFormat::kQ4_0}) {
-    const auto blocks = torchpatch::nn::quantize(format, w, "w");
-    at::set_num_threads(1);
-    const auto one = torchpatch::nn::quant_linear(format, x, blocks, 300);
-    at::set_num_threads(2);
-    const auto two = torchpatch::nn::quant_linear(format, x, blocks, 300);
-    CHECK(at::equal(one, two));
+  for (const auto kernel : {QuantKernel::kScalar, QuantKernel::kAvx2, QuantKernel::kAvx512}) {
+    if (!torchpatch::nn::quant_kernel_available(kernel)) continue;
+    KernelChoice choice(kernel);
+    for (const auto format : {QuantFormat::kQ8_0, QuantFormat::kQ4_0}) {
+      const auto blocks = torchpatch::nn::quantize(format, w, "w");
+      for (const int64_t tokens : {1, 3, 9}) {  // decoding, and tiles of tokens
+        const auto x = at::randn({tokens, 256});
+        at::set_num_threads(1);
+        const auto one = torchpatch::nn::quant_linear(format, x, blocks, 301);
+        at::set_num_threads(2);
+        const auto two = torchpatch::nn::quant_linear(format, x, blocks, 301);
+        INFO(torchpatch::nn::format_name(format) << " kernel " << static_cast<int>(kernel) << " tokens " << tokens);
+        CHECK(at::equal(one, two));
+      }
+    }
   }
   at::set_num_threads(previous);
+}
+
+TEST_CASE("a quantized product of no tokens is empty, with every kernel", "[quant][kernels]") {
+  const auto blocks = torchpatch::nn::quantize(QuantFormat::kQ4_0, at::randn({6, 64}), "w");
+  for (const auto kernel : {QuantKernel::kScalar, QuantKernel::kAvx2, QuantKernel::kAvx512}) {
+    const auto y = product(kernel, QuantFormat::kQ4_0, at::randn({0, 64}), blocks, 6, {});
+    CHECK(y.sizes() == at::IntArrayRef({0, 6}));
+  }
+}
+
+TEST_CASE("the AVX-512 kernel quantizes activations as the scalar one, NaN and infinity included", "[quant][kernels]") {
+  if (!torchpatch::nn::quant_kernel_available(QuantKernel::kAvx512)) return;
+  // Ties (x * 127 / amax exactly half-way) and non-finite inputs take the same path in both kernels.
+  // Row 0: amax 127, so x * 127 / amax is x itself, and every other value is half-way (k + 0.5).
+  auto x = at::arange(-64, 64, at::kFloat).reshape({2, 64}) + 0.5;
+  x[0][0] = 127;
+  x[0][32] = -127;
+  x[1][3] = std::numeric_limits<float>::quiet_NaN();
+  x[1][40] = std::numeric_limits<float>::infinity();
+  at::manual_seed(13);
+  const auto w = at::randn({5, 64});
+  for (const auto format : {QuantFormat::kQ8_0, QuantFormat::kQ4_0}) {
+    const auto blocks = torchpatch::nn::quantize(format, w, "w");
+    const auto dense = torchpatch::nn::dequantize(format, blocks, "w");
+    const auto scalar = product(QuantKernel::kScalar, format, x, blocks, 5, {});
+    const auto vector = product(QuantKernel::kAvx512, format, x, blocks, 5, {});
+    // Float rounding only (an activation rounded the other way would move an output by ~d_x * |w|).
+    const auto tolerance = 1e-5 * at::matmul(x[0].abs(), dense.abs().t()) + 1e-6;
+    CHECK(((vector[0] - scalar[0]).abs() - tolerance).max().item<double>() <= 0);
+    CHECK(at::equal(at::isnan(scalar[1]), at::isnan(vector[1])));
+  }
 }
 
 TEST_CASE("a quantized product reports operands that do not fit", "[quant][kernels]") {

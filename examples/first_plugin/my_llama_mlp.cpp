@@ -13,7 +13,8 @@
 
 namespace {
 
-using torchpatch::nn::Linear;  // a linear layer that loads checkpoints without copying them
+// Projections through the "Linear" patch point, so --quantize and other Linear replacements reach them.
+using torchpatch::nn::make_linear;
 
 class MyLlamaMLP : public torchpatch::roles::Mlp {
  public:
@@ -21,9 +22,9 @@ class MyLlamaMLP : public torchpatch::roles::Mlp {
     const auto& config = torchpatch::model_config(ctx).decoder;  // the model's config.json, typed
     if (config.hidden_act != "silu") throw torchpatch::ConfigError("MyLlamaMLP: hidden_act must be silu");
     const int64_t hidden = config.hidden_size, inner = config.intermediate_size;
-    gate_proj = register_module("gate_proj", std::make_shared<Linear>(hidden, inner, config.mlp_bias));
-    up_proj = register_module("up_proj", std::make_shared<Linear>(hidden, inner, config.mlp_bias));
-    down_proj = register_module("down_proj", std::make_shared<Linear>(inner, hidden, config.mlp_bias));
+    gate_proj = register_module("gate_proj", make_linear("gate_proj", hidden, inner, config.mlp_bias));
+    up_proj = register_module("up_proj", make_linear("up_proj", hidden, inner, config.mlp_bias));
+    down_proj = register_module("down_proj", make_linear("down_proj", inner, hidden, config.mlp_bias));
   }
 
   // x [..., hidden] -> [..., hidden]: down(silu(gate(x)) * up(x))
@@ -35,7 +36,7 @@ class MyLlamaMLP : public torchpatch::roles::Mlp {
   // Shown by `torchpatch run` and `generate`, summed over the model's MyLlamaMLP modules.
   std::map<std::string, int64_t> counters() const override { return {{"tokens", tokens_.load()}}; }
 
-  std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
+  std::shared_ptr<torchpatch::roles::Linear> gate_proj, up_proj, down_proj;
 
  private:
   std::atomic<int64_t> tokens_{0};

@@ -102,6 +102,7 @@ struct Measurement {
   std::string variant;
   double decode_tokens_per_second;
   double prefill_tokens_per_second;
+  double weight_bytes_per_token;  ///< this variant's own (quantized weights read fewer)
 };
 
 Measurement measure(const std::string& variant, PretrainedModel& model, int64_t prompt_len, int64_t decode_tokens,
@@ -110,7 +111,7 @@ Measurement measure(const std::string& variant, PretrainedModel& model, int64_t 
   GenerationConfig config;
   config.max_new_tokens = decode_tokens + 1;
   generate(model, ids, {}, config);  // warm up
-  Measurement m{variant, 0, 0};
+  Measurement m{variant, 0, 0, weight_bytes_per_token(model)};
   for (int i = 0; i < repeats; ++i) {
     const auto out = generate(model, ids, {}, config);
     m.decode_tokens_per_second = std::max(m.decode_tokens_per_second, out.decode_tokens_per_second());
@@ -183,6 +184,16 @@ void measure_variants(PluginHost& host, BuiltModel& built, const Args& args, con
     results.push_back(measure("naive: all experts, all tokens", *build_model(host, Args(specs, forwarded)).model, run.prompt_len,
                               run.decode_tokens, run.repeats));
   }
+  // Quantized: every projection and the experts in GGUF's blocks, built from the same float weights.
+  if (host.registries().families().quantization_method("ggml") && !args.has("quantize") && !args.flag("no-quantized")) {
+    for (const char* format : {"q8_0", "q4_0"}) {
+      built.model.reset();
+      auto quantized_argv = forwarded;
+      quantized_argv.insert(quantized_argv.end(), {"--quantize", format});
+      results.push_back(measure(fmt::format("quantized {}", format), *build_model(host, Args(specs, quantized_argv)).model,
+                                run.prompt_len, run.decode_tokens, run.repeats));
+    }
+  }
 }
 
 void print_report(const nlohmann::json& report) {
@@ -196,12 +207,15 @@ void print_report(const nlohmann::json& report) {
                            report["weight_bytes_per_token"].get<double>() / 1e6,
                            report["decode_limit_tokens_per_second"].get<double>(), report["prompt_len"].get<int64_t>(),
                            report["prefill_flops"].get<double>() / 1e9);
-  std::cout << fmt::format("{:<32} {:>14} {:>12} {:>16} {:>10} {:>12}\n", "variant", "decode tok/s", "of limit",
-                           "prefill tok/s", "GFLOP/s", "of matmul");
+  std::cout << "(of limit: decode tok/s against the variant's own bytes per token; x limit: against the model as "
+               "built's)\n";
+  std::cout << fmt::format("{:<32} {:>14} {:>10} {:>10} {:>16} {:>10} {:>12}\n", "variant", "decode tok/s", "of limit",
+                           "x limit", "prefill tok/s", "GFLOP/s", "of matmul");
   for (const auto& r : report["results"]) {
-    std::cout << fmt::format("{:<32} {:>14.1f} {:>12.2f} {:>16.1f} {:>10.1f} {:>12.2f}\n",
+    std::cout << fmt::format("{:<32} {:>14.1f} {:>10.2f} {:>10.2f} {:>16.1f} {:>10.1f} {:>12.2f}\n",
                              r["variant"].get<std::string>(), r["decode_tokens_per_second"].get<double>(),
                              r["decode_fraction_of_bandwidth_limit"].get<double>(),
+                             r["decode_multiple_of_model_limit"].get<double>(),
                              r["prefill_tokens_per_second"].get<double>(), r["prefill_gflops"].get<double>(),
                              r["prefill_fraction_of_matmul_rate"].get<double>());
   }
@@ -217,7 +231,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
                 {"threads", "N", "intra-op threads (default 1)"},
                 {"repeats", "N", "timed runs; the best is reported (default 3)"},
                 {"no-fused", "", "skip the FusedQKVAttention variant"},
-                {"no-blas", "", "skip the variant that decodes with the system BLAS's sgemv"}});
+                {"no-blas", "", "skip the variant that decodes with the system BLAS's sgemv"},
+                {"no-quantized", "", "skip the q8_0 and q4_0 variants"}});
   const Args args(specs, argv);
   if (args.flag("help")) {
     std::cout << usage("bench",
@@ -266,7 +281,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
     const double gflops = m.prefill_tokens_per_second * flops / static_cast<double>(prompt_len) / 1e9;
     rows.push_back({{"variant", m.variant},
                     {"decode_tokens_per_second", m.decode_tokens_per_second},
-                    {"decode_fraction_of_bandwidth_limit", m.decode_tokens_per_second / limit},
+                    {"weight_bytes_per_token", m.weight_bytes_per_token},
+                    {"decode_fraction_of_bandwidth_limit", m.decode_tokens_per_second / (bandwidth / m.weight_bytes_per_token)},
+                    {"decode_multiple_of_model_limit", m.decode_tokens_per_second / limit},
                     {"prefill_tokens_per_second", m.prefill_tokens_per_second},
                     {"prefill_gflops", gflops},
                     {"prefill_fraction_of_matmul_rate", gflops * 1e9 / matmul}});

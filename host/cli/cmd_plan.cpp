@@ -1,5 +1,6 @@
 // torchpatch plan: the module tree, what each patch point becomes and which rule chose it.
 #include <iostream>
+#include <map>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -43,7 +44,7 @@ int cmd_plan(const std::vector<std::string>& argv) {
     for (const auto& p : model.patch_points()) {
       const auto& r = p.module->patch_record();
       points.push_back({{"path", p.path}, {"key", r.key}, {"class", r.class_name}, {"rule", r.rule},
-                        {"origin", r.origin.describe()}, {"patched", r.patched()}});
+                        {"origin", r.origin.describe()}, {"patched", r.patched()}, {"passed_over", r.passed_over}});
     }
     auto unmatched = nlohmann::json::array();
     for (const auto& u : built.unmatched) unmatched.push_back({{"key", u.key}, {"suggestion", u.suggestion}});
@@ -59,6 +60,7 @@ int cmd_plan(const std::vector<std::string>& argv) {
 
   std::cout << fmt::format("{} ({}, {})\n", model.class_name(), model.config().model_type, built.source);
   int patched = 0, total = 0;
+  std::map<std::string, int> per_class;
   for (const auto& item : model.named_modules("", /*include_self=*/false)) {
     const auto& path = item.key();
     const auto depth = static_cast<int>(std::count(path.begin(), path.end(), '.'));
@@ -73,11 +75,15 @@ int cmd_plan(const std::vector<std::string>& argv) {
     if (r.patched()) {
       ++patched;
       std::cout << fmt::format("{:<36} {} -> {}  [{}; {}]\n", left, r.key, r.class_name, r.rule, r.origin.describe());
+    } else if (!r.passed_over.empty()) {
+      std::cout << fmt::format("{:<36} {}  [kept: {}]\n", left, r.key, r.passed_over);
     } else {
       std::cout << fmt::format("{:<36} {}\n", left, r.key);
     }
+    per_class[r.class_name + (r.patched() ? "" : r.passed_over.empty() ? " (built-in)" : " (built-in, kept by a path filter)")]++;
   }
   std::cout << fmt::format("\n{} of {} patch points replaced\n", patched, total);
+  for (const auto& [cls, count] : per_class) std::cout << fmt::format("  {:>5}  {}\n", count, cls);
   if (built.report) {
     for (const auto& rule : built.report->conversions) std::cout << "checkpoint converted by " << rule << "\n";
   }

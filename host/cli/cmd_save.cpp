@@ -12,11 +12,14 @@ namespace torchpatch::cli {
 int cmd_save(const std::vector<std::string>& argv) {
   auto specs = model_options();
   specs.insert(specs.begin() + 1, {{"out", "DIR", "where to write config.json and the safetensors"},
-                                   {"max-shard-bytes", "N", "split into shards of at most N bytes (default 5e9)"}});
+                                   {"max-shard-bytes", "N", "split into shards of at most N bytes (default 5e9)"},
+                                   {"dequantize", "", "write quantized weights back in float, without quantization_config"}});
   const Args args(specs, argv);
   if (args.flag("help")) {
     std::cout << usage("save", "Load a model with any patches and save it in the Hugging Face hub layout: every "
-                               "weight conversion is reversed, so the files load anywhere.",
+                               "weight conversion is reversed, so the files load anywhere. A quantized model "
+                               "(--quantize, or a quantized checkpoint) is written as its blocks with its "
+                               "quantization_config, unless --dequantize.",
                        specs);
     return 0;
   }
@@ -31,6 +34,7 @@ int cmd_save(const std::vector<std::string>& argv) {
   const BuiltModel built = build_model(*host, args);
   print_load_report(built);
   options.conversions = &host->registries().conversions();
+  options.dequantize = args.flag("dequantize");
   checkpoint::save_pretrained(*built.model, args.value("out"), options);
   std::cout << fmt::format("saved {} ({}) to {}\n", built.model->class_name(), built.source, args.value("out"));
   return 0;

@@ -102,9 +102,36 @@ struct TempDir {
 };
 
 
+// How the next-token distributions of two logits [..., V] differ at the positions `mask` keeps: the
+// mean and max KL(original || patched) and how often the most probable token is the same.
+struct NextToken {
+  bool defined = false;
+  double kl_mean = 0, kl_max = 0, top1 = 1;
+};
+
+NextToken next_token(const at::Tensor& got, const at::Tensor& want, const at::Tensor& mask) {
+  NextToken n;
+  if (!want.defined() || !got.defined() || got.sizes() != want.sizes()) return n;
+  const int64_t vocab = want.size(-1);
+  auto p = want.reshape({-1, vocab}).to(at::kDouble).log_softmax(-1), q = got.reshape({-1, vocab}).to(at::kDouble).log_softmax(-1);
+  if (mask.defined()) {
+    const auto keep = mask.reshape({-1}).to(at::kBool);
+    p = p.index({keep});
+    q = q.index({keep});
+  }
+  if (p.size(0) == 0) return n;
+  const auto kl = (p.exp() * (p - q)).sum(-1);
+  n.defined = true;
+  n.kl_mean = kl.mean().item<double>();
+  n.kl_max = kl.max().item<double>();
+  n.top1 = p.argmax(-1).eq(q.argmax(-1)).to(at::kDouble).mean().item<double>();
+  return n;
+}
+
 // What the comparison found: every output, and for MoE models how many (token, layer) expert sets agree.
 struct Verdict {
   std::vector<Comparison> outputs;
+  NextToken next;
   bool moe = false;
   int64_t rows_total = 0, rows_agree = 0;
   bool experts_ok() const { return rows_agree == rows_total; }
@@ -119,6 +146,7 @@ Verdict compare_outputs(const ModelOutput& want, const ModelOutput& got, const a
   v.moe = moe;
   auto& results = v.outputs;
   if (want.logits.defined()) results.push_back(compare("logits", got.logits, want.logits, mask, atol, rtol));
+  v.next = next_token(got.logits, want.logits, mask);
   results.push_back(compare("last_hidden_state", got.last_hidden_state, want.last_hidden_state, mask, atol, rtol));
   if (want.pooler_output.defined()) {
     results.push_back(compare("pooler_output", got.pooler_output, want.pooler_output, {}, atol, rtol));
@@ -163,11 +191,13 @@ std::vector<std::string> replaced_points(const LoadedModel& loaded) {
   return replaced;
 }
 
-// The original, built with no patch at all. A preset is first saved to `temp` so both models load the
+// The original, built with no patch at all and not quantized. A preset is first saved to `temp` so both models load the
 // same tensors; `weights` receives where they are.
-std::shared_ptr<PretrainedModel> build_original(const Args& args, const PretrainedOptions& options, const TempDir& temp,
-                                                fs::path& weights) {
-  ApplyPatches none(PatchMapping(), options.registries.patch_tables());
+std::shared_ptr<PretrainedModel> build_original(const Args& args, const PretrainedOptions& patched_options,
+                                                const TempDir& temp, fs::path& weights) {
+  ApplyPatches none(PatchMapping(), patched_options.registries.patch_tables());
+  auto options = patched_options;  // in float: --quantize applies to the patched model only
+  options.config_overrides.erase("quantization_config");
   weights = args.value("model");
   if (args.has("preset")) {
     auto as_built = options;
@@ -189,10 +219,21 @@ void print_verdict(const std::string& heading, const std::vector<std::string>& r
   for (const auto& c : v.outputs) {
     std::cout << fmt::format("{:<22} {:>12.3g} {:>12.3g}  {}\n", c.name, c.max_abs, c.max_rel, c.ok ? "yes" : "NO");
   }
+  if (v.next.defined) {
+    std::cout << fmt::format("next-token distributions: KL(original || patched) mean {:.3g}, max {:.3g}; top-1 "
+                             "agreement {:.1f}%\n",
+                             v.next.kl_mean, v.next.kl_max, 100 * v.next.top1);
+  }
   if (v.moe) {
     std::cout << fmt::format("expert choices: {} of {} (token, layer) top-k sets agree{}\n", v.rows_agree, v.rows_total,
                              v.experts_ok() ? "" : " (DIFFERENT)");
   }
+}
+
+// A quantized model is judged by its next-token distributions: mean KL at most `max_kl` and top-1
+// agreement at least `min_top1` (its outputs cannot meet float tolerances, nor its routers every choice).
+bool quantized_pass(const Verdict& v, double max_kl, double min_top1) {
+  return v.next.defined && v.next.kl_mean <= max_kl && v.next.top1 >= min_top1 && std::isfinite(v.next.kl_max);
 }
 
 }  // namespace
@@ -205,7 +246,10 @@ int cmd_verify(const std::vector<std::string>& argv) {
                                    "token_type_ids (a reference case's reference.safetensors works)"},
                 {"atol", "X", "absolute tolerance (default 1e-4)"},
                 {"rtol", "X", "relative tolerance (default 1e-4)"},
-                {"repeat", "N", "timed forwards of each model; the median counts (default 5)"}});
+                {"repeat", "N", "timed forwards of each model; the median counts (default 5)"},
+                {"max-kl", "X", "with --quantize: the largest mean KL divergence of the next-token distributions "
+                                "that passes (default 0.01 for q8_0, 0.1 for q4_0)"},
+                {"min-top1", "X", "with --quantize: the smallest top-1 agreement that passes (default 0.9)"}});
   const Args args(specs, argv);
   if (args.flag("help")) {
     std::cout << usage("verify",
@@ -215,6 +259,11 @@ int cmd_verify(const std::vector<std::string>& argv) {
     return 0;
   }
   const double atol = number_option(args, "atol", 1e-4), rtol = number_option(args, "rtol", 1e-4);
+  const bool quantize = args.has("quantize");
+  const double max_kl = number_option(args, "max-kl", quantize && args.value("quantize") == "q4_0" ? 0.1 : 0.01);
+  const double min_top1 = number_option(args, "min-top1", 0.9);
+  if (!(max_kl >= 0) || !(min_top1 >= 0 && min_top1 <= 1)) throw UsageError("--max-kl must be >= 0, --min-top1 in [0, 1]");
+  if (!quantize && (args.has("max-kl") || args.has("min-top1"))) throw UsageError("--max-kl and --min-top1: only with --quantize");
   if (!(atol >= 0) || !(rtol >= 0)) throw UsageError("--atol and --rtol must be >= 0");
   const int64_t repeat = int_option(args, "repeat", 5, 1);
   if (args.has("model") == args.has("preset")) throw UsageError("give exactly one of --model DIR and --preset NAME");
@@ -252,7 +301,7 @@ int cmd_verify(const std::vector<std::string>& argv) {
   const Verdict verdict = compare_outputs(want, got, inputs.attention_mask, moe, atol, rtol);
   const auto [t_original, t_patched] = median_seconds(*original, *patched, inputs, repeat);
   const double speed_ratio = t_original / t_patched;
-  const bool pass = verdict.pass();
+  const bool pass = quantize ? quantized_pass(verdict, max_kl, min_top1) : verdict.pass();
 
   if (args.flag("json")) {
     auto outputs = nlohmann::json::array();
@@ -263,6 +312,9 @@ int cmd_verify(const std::vector<std::string>& argv) {
                      {"atol", atol}, {"rtol", rtol}, {"original_seconds", t_original},
                      {"patched_seconds", t_patched}, {"speed_ratio", speed_ratio}, {"pass", pass}};
     if (moe) j["expert_choices"] = {{"rows", verdict.rows_total}, {"agree", verdict.rows_agree}};
+    if (verdict.next.defined) {
+      j["next_token"] = {{"kl_mean", verdict.next.kl_mean}, {"kl_max", verdict.next.kl_max}, {"top1_agreement", verdict.next.top1}};
+    }
     std::cout << j.dump(2) << "\n";
     return pass ? 0 : 1;
   }
@@ -273,6 +325,10 @@ int cmd_verify(const std::vector<std::string>& argv) {
   std::cout << fmt::format("speed: original {:.2f} ms, patched {:.2f} ms per forward (median of {}, alternating): patched runs at "
                            "{:.2f}x the original's speed\n",
                            t_original * 1e3, t_patched * 1e3, repeat, speed_ratio);
+  if (quantize) {
+    std::cout << fmt::format("quantized: judged by the next-token distributions (mean KL <= {:g}, top-1 >= {:.0f}%)\n",
+                             max_kl, 100 * min_top1);
+  }
   std::cout << (pass ? "PASS\n" : "FAIL\n");
   return pass ? 0 : 1;
 }

@@ -9,6 +9,7 @@
 #include "torchpatch/checkpoint/load.h"
 #include "torchpatch/checkpoint/safetensors.h"
 #include "torchpatch/error.h"
+#include "torchpatch/nn/quant.h"
 #include "torchpatch/runtime/auto.h"
 #include "torchpatch/patching/build.h"
 #include "torchpatch/patching/scope.h"
@@ -36,6 +37,10 @@ std::vector<OptionSpec> model_options() {
                                                fmt::join(preset_names(), ", "))},
                 {"patch", "KEY=CLASS", "replace patch point KEY (class name or regex) with CLASS", true},
                 {"dtype", "TYPE", "parameter dtype: float32 (default), bfloat16 or float16"},
+                {"quantize", "FORMAT", "quantize projections and MoE experts to q8_0 or q4_0 as they load (GGUF's blocks; "
+                                       "the bundled plugin 'quantized')"},
+                {"keep-float", "PATTERN", "with --quantize: keep the modules whose path matches PATTERN in float "
+                                          "(e.g. lm_head, '*.mlp.down_proj')", true},
                 {"experts", "IMPL", "MoE experts implementation: grouped (default) or eager"},
                 {"allow-incomplete", "", "load a checkpoint with missing, unexpected or mismatched tensors and report them"},
                 {"no-memory-check", "", "build a model even if its parameters need more than this machine's memory"}});
@@ -80,6 +85,19 @@ void apply_patch_args(PluginHost& host, const Args& args) {
   }
 }
 
+nlohmann::json quantization_config_for(const std::string& format_name, const std::vector<std::string>& keep_float) {
+  const auto format = nn::parse_quant_format(format_name);
+  if (!format) throw UsageError(fmt::format("--quantize: '{}' is not one of q8_0, q4_0", format_name));
+  // llama.cpp's defaults: every projection quantized, Q4_0 keeping lm_head at Q8_0; the shared
+  // expert's one-row gate, like routers and norms (not Linear patch points), stays in float.
+  std::vector<std::string> keep{"shared_expert_gate"};
+  keep.insert(keep.end(), keep_float.begin(), keep_float.end());
+  nlohmann::json config{{"quant_method", "ggml"}, {"format", nn::format_name(*format)}, {"modules_to_not_convert", keep}};
+  config["module_formats"] = nlohmann::json::object();
+  if (*format == nn::QuantFormat::kQ4_0) config["module_formats"]["lm_head"] = "q8_0";
+  return config;
+}
+
 PretrainedOptions pretrained_options(const Args& args, const PluginHost& host) {
   PretrainedOptions options;
   options.registries = host.registries();
@@ -94,6 +112,11 @@ PretrainedOptions pretrained_options(const Args& args, const PluginHost& host) {
     const auto impl = args.value("experts");
     if (impl != "grouped" && impl != "eager") throw UsageError("--experts: '" + impl + "' is not one of grouped, eager");
     options.config_overrides["experts_implementation"] = impl;
+  }
+  if (args.has("quantize")) {
+    options.config_overrides["quantization_config"] = quantization_config_for(args.value("quantize"), args.values("keep-float"));
+  } else if (!args.values("keep-float").empty()) {
+    throw UsageError("--keep-float: only with --quantize");
   }
   options.strict = !args.flag("allow-incomplete");
   options.reject_non_finite = args.flag("strict");

@@ -34,6 +34,10 @@ using BuiltModel = LoadedModel;
 /// Registers each --patch KEY=CLASS (a class offered by a loaded plugin) in the global registry.
 void apply_patch_args(PluginHost& host, const Args& args);
 
+/// The quantization_config --quantize FORMAT asks for (quant_method "ggml", llama.cpp's defaults),
+/// with `keep_float` (--keep-float) added to modules_to_not_convert; UsageError for another format.
+nlohmann::json quantization_config_for(const std::string& format, const std::vector<std::string>& keep_float);
+
 /// How --dtype, --experts and --allow-incomplete ask a checkpoint to load, with `host`'s registries.
 PretrainedOptions pretrained_options(const Args& args, const PluginHost& host);
 

@@ -66,12 +66,14 @@ class CollectingRegistrar : public Registrar {
     offers.push_back({keys, std::move(cls)});
   }
   void add_family(Family family) override { families.push_back(std::move(family)); }
+  void add_quantization_method(QuantizationMethod method) override { methods.push_back(std::move(method)); }
   void add_conversion(const std::string& key, checkpoint::ConversionFactory rules) override {
     conversions.emplace_back(key, std::move(rules));
   }
   std::vector<RegistrarOffer> offers;
   std::vector<RegistrarConversion> conversions;
   std::vector<Family> families;
+  std::vector<QuantizationMethod> methods;
 };
 
 std::string safe_string(const char* s) { return s ? std::string(s) : std::string("(null)"); }
@@ -314,7 +316,8 @@ std::optional<std::string> PluginHost::check_conversions(std::vector<RegistrarCo
 
 std::optional<std::string> PluginHost::register_all(const PatchMapping::Items& items,
                                                     const std::vector<RegistrarConversion>& conversions,
-                                                    std::vector<Family>& families, const Origin& origin,
+                                                    std::vector<Family>& families,
+                                                    std::vector<QuantizationMethod>& methods, const Origin& origin,
                                                     PluginRecord& record) {
   std::vector<std::string> keys;
   for (const auto& item : items) keys.push_back(item.first);
@@ -339,7 +342,14 @@ std::optional<std::string> PluginHost::register_all(const PatchMapping::Items& i
     }
     record.conversions.push_back(key);
   }
-  // Families last: they cannot be taken back, so everything else must have gone in first.
+  // Families and quantization methods last: they cannot be taken back, so everything else must have
+  // gone in first. A method's name is checked before any family goes in.
+  for (const auto& method : methods) {
+    if (auto held = registries_.families().quantization_method(method.name)) {
+      take_back();
+      return fmt::format("quantization method '{}' is already provided by {}", method.name, held->origin.describe());
+    }
+  }
   for (auto& family : families) {
     family.origin = origin;
     const std::string model_type = family.model_type;
@@ -350,6 +360,10 @@ std::optional<std::string> PluginHost::register_all(const PatchMapping::Items& i
       return std::string(e.what());
     }
     record.families.push_back(model_type);
+  }
+  for (auto& method : methods) {
+    method.origin = origin;
+    registries_.families().add_quantization_method(std::move(method));
   }
   return std::nullopt;
 }
@@ -505,7 +519,7 @@ PluginRecord PluginHost::load_locked(const fs::path& file, PluginMode mode) {
   if (auto refusal = check_conversions(registrar.conversions, mode, offered, conversions)) {
     return refuse(record, *refusal);
   }
-  if (auto refusal = register_all(items, conversions, registrar.families, origin, record)) {
+  if (auto refusal = register_all(items, conversions, registrar.families, registrar.methods, origin, record)) {
     return refuse(record, *refusal);
   }
 

@@ -32,8 +32,8 @@ class Phi3MLP : public roles::Mlp {
  public:
   explicit Phi3MLP(const BuildContext& ctx) : act_(model_config(ctx).decoder.activation) {
     const auto& d = model_config(ctx).decoder;
-    gate_up_proj = register_module("gate_up_proj", std::make_shared<nn::Linear>(d.hidden_size, 2 * d.intermediate_size, false));
-    down_proj = register_module("down_proj", std::make_shared<nn::Linear>(d.intermediate_size, d.hidden_size, false));
+    gate_up_proj = register_module("gate_up_proj", nn::make_linear("gate_up_proj", d.hidden_size, 2 * d.intermediate_size, false));
+    down_proj = register_module("down_proj", nn::make_linear("down_proj", d.intermediate_size, d.hidden_size, false));
   }
 
   // down(up * act(gate)), gate and up the two halves of one projection
@@ -42,7 +42,7 @@ class Phi3MLP : public roles::Mlp {
     return down_proj->forward(gate_up[1] * nn::activate(act_, gate_up[0]));
   }
 
-  std::shared_ptr<nn::Linear> gate_up_proj, down_proj;
+  std::shared_ptr<roles::Linear> gate_up_proj, down_proj;
 
  private:
   nn::Activation act_;

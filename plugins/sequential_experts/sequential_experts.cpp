@@ -6,6 +6,7 @@
 
 #include "torchpatch/models/blocks.h"
 #include "torchpatch/nn/mlp.h"
+#include "torchpatch/patching/build.h"
 #include "torchpatch/plugin_api.h"
 
 namespace {
@@ -18,6 +19,7 @@ class SequentialExperts : public torchpatch::roles::Experts {
     const auto& d = torchpatch::model_config(ctx).decoder;
     const torchpatch::nn::MlpOptions expert{d.hidden_size, d.moe.moe_intermediate_size, false, d.activation};
     for (int64_t e = 0; e < d.moe.num_experts; ++e) {
+      torchpatch::BuildSubmodule expert_path(std::to_string(e));  // its projections sit at experts.{e}.*
       experts_.push_back(register_module(std::to_string(e), std::make_shared<torchpatch::nn::GatedMlp>(expert)));
     }
   }

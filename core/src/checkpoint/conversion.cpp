@@ -120,7 +120,8 @@ bool natural_key_less(const std::string& a, const std::string& b) {
 
 namespace {
 
-// Only the literal ".*." means "a dot, anything, a dot"; the rest of a pattern is a regular expression.
+// Only the literal ".*." means "a dot, anything, a dot", and a leading "*." one leading segment; the
+// rest of a pattern is a regular expression.
 // Boost gives up on a pattern that backtracks without end (a std::runtime_error from deep inside);
 // the user hears which pattern and which key instead.
 bool search_pattern(const std::string& text, boost::smatch& m, const boost::regex& pattern) {
@@ -135,7 +136,12 @@ bool search_pattern(const std::string& text, boost::smatch& m, const boost::rege
 
 boost::regex compile_source(const std::string& pattern) {
   std::string rx;
-  for (std::size_t i = 0; i < pattern.size(); ++i) {
+  std::size_t i = 0;
+  if (pattern.compare(0, 2, "*.") == 0) {  // one leading segment: an index under a module's own rules
+    rx = "^[^.]+\\.";
+    i = 2;
+  }
+  for (; i < pattern.size(); ++i) {
     if (pattern.compare(i, 3, ".*.") == 0) {
       rx += "\\..*\\.";
       i += 2;

@@ -1,6 +1,7 @@
 // Loading through the conversion rules, and the reverse for saving.
 #include "torchpatch/checkpoint/load.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <set>
@@ -400,12 +401,34 @@ LoadReport load_weights(Loadable& model, const Checkpoint& ckpt, const LoadOptio
   return WeightLoad(model, ckpt, options).run();
 }
 
-std::vector<std::pair<std::string, at::Tensor>> hub_state_dict(const Loadable& model,
-                                                               const ConversionRegistry& registry) {
+namespace {
+
+// `rules` without the ops that encode weights (their results are saved as they are); a converter
+// left with nothing to do goes (its tensors keep their names).
+ConversionRules without_encodings(ConversionRules rules) {
+  ConversionRules kept;
+  for (auto& rule : rules) {
+    if (auto* conv = std::get_if<WeightConverter>(&rule)) {
+      auto& ops = conv->operations;
+      const bool encoded = std::any_of(ops.begin(), ops.end(), [](const OpPtr& op) { return op->encodes(); });
+      ops.erase(std::remove_if(ops.begin(), ops.end(), [](const OpPtr& op) { return op->encodes(); }), ops.end());
+      if (encoded && ops.empty()) continue;
+    }
+    kept.push_back(std::move(rule));
+  }
+  return kept;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, at::Tensor>> hub_state_dict(const Loadable& model, const ConversionRegistry& registry,
+                                                               bool keep_encoded) {
   std::vector<ScopedRules> reversed;
   for (auto& scoped : model_conversion_rules(model, /*add_legacy=*/false, registry)) {
     ScopedRules r{scoped.prefix, {}, scoped.exclusive};
-    for (const auto& rule : scoped.rules) r.rules.push_back(reverse_transform(rule));
+    for (const auto& rule : keep_encoded ? without_encodings(scoped.rules) : scoped.rules) {
+      r.rules.push_back(reverse_transform(rule));
+    }
     reversed.push_back(std::move(r));
   }
   const ConversionPlan plan(std::move(reversed));
@@ -473,6 +496,7 @@ bool checkpoint_file(const std::string& name) {
 void write_checkpoint(const Loadable& model, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                       const fs::path& dir, const SaveOptions& options) {
   nlohmann::json config = model.config_json();
+  if (options.dequantize) config.erase("quantization_config");
   if (!config.contains("architectures")) config["architectures"] = {model.class_name()};
   write_file_atomically(dir / "config.json", config.dump(2) + "\n");
   const std::map<std::string, std::string> metadata{{"format", "pt"}};
@@ -511,7 +535,8 @@ std::set<std::string> indexed_shards(const fs::path& dir) {
 }  // namespace
 
 void save_pretrained(const Loadable& model, const fs::path& dir, const SaveOptions& options) {
-  const auto tensors = hub_state_dict(model, options.conversions ? *options.conversions : global_conversions());
+  const auto tensors =
+      hub_state_dict(model, options.conversions ? *options.conversions : global_conversions(), !options.dequantize);
   const auto old_shards = indexed_shards(dir);
   DirectorySwap swap;
   swap.write = [&](const fs::path& staging) { write_checkpoint(model, tensors, staging, options); };

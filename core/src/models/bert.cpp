@@ -44,7 +44,7 @@ std::shared_ptr<nn::LayerNorm> layer_norm(const ModelConfig& config) {
 
 // Multi-head attention of queries from `x` [B, Q, H] over keys/values from `source` [B, S, H]:
 // eager, scaled by hd^-0.5, additive mask, softmax in the input dtype (as BERT does) -> [B, Q, H].
-at::Tensor attend(const nn::Linear& query, const nn::Linear& key, const nn::Linear& value, int64_t heads,
+at::Tensor attend(roles::Linear& query, roles::Linear& key, roles::Linear& value, int64_t heads,
                   const at::Tensor& x, const at::Tensor& source, const at::Tensor& mask, at::Tensor* weights_out) {
   const int64_t b = x.size(0), q_len = x.size(1), kv_len = source.size(1);
   auto q = query.forward(x);
@@ -125,9 +125,9 @@ at::Tensor BertEmbeddings::forward(const at::Tensor& input_ids, const at::Tensor
 
 BertSelfAttention::BertSelfAttention(const BuildContext& ctx) : num_heads(checked_heads(model_config(ctx))) {
   const int64_t h = model_config(ctx).decoder.hidden_size;
-  query = register_module("query", std::make_shared<nn::Linear>(h, h, true));
-  key = register_module("key", std::make_shared<nn::Linear>(h, h, true));
-  value = register_module("value", std::make_shared<nn::Linear>(h, h, true));
+  query = register_module("query", nn::make_linear("query", h, h, true));
+  key = register_module("key", nn::make_linear("key", h, h, true));
+  value = register_module("value", nn::make_linear("value", h, h, true));
 }
 
 at::Tensor BertSelfAttention::forward(const at::Tensor& hidden, const BertAttentionInputs& in) {
@@ -136,9 +136,9 @@ at::Tensor BertSelfAttention::forward(const at::Tensor& hidden, const BertAttent
 
 BertCrossAttention::BertCrossAttention(const BuildContext& ctx) : num_heads(checked_heads(model_config(ctx))) {
   const int64_t h = model_config(ctx).decoder.hidden_size;
-  query = register_module("query", std::make_shared<nn::Linear>(h, h, true));
-  key = register_module("key", std::make_shared<nn::Linear>(h, h, true));
-  value = register_module("value", std::make_shared<nn::Linear>(h, h, true));
+  query = register_module("query", nn::make_linear("query", h, h, true));
+  key = register_module("key", nn::make_linear("key", h, h, true));
+  value = register_module("value", nn::make_linear("value", h, h, true));
 }
 
 at::Tensor BertCrossAttention::forward(const at::Tensor& hidden, const BertAttentionInputs& in) {
@@ -148,7 +148,7 @@ at::Tensor BertCrossAttention::forward(const at::Tensor& hidden, const BertAtten
 
 BertSelfOutput::BertSelfOutput(const BuildContext& ctx) {
   const int64_t h = model_config(ctx).decoder.hidden_size;
-  dense = register_module("dense", std::make_shared<nn::Linear>(h, h, true));
+  dense = register_module("dense", nn::make_linear("dense", h, h, true));
   LayerNorm = register_module("LayerNorm", layer_norm(model_config(ctx)));
 }
 
@@ -188,14 +188,14 @@ at::Tensor BertAttention::forward(const at::Tensor& hidden, const BertAttentionI
 
 BertIntermediate::BertIntermediate(const BuildContext& ctx) : act(model_config(ctx).decoder.activation) {
   const auto& d = model_config(ctx).decoder;
-  dense = register_module("dense", std::make_shared<nn::Linear>(d.hidden_size, d.intermediate_size, true));
+  dense = register_module("dense", nn::make_linear("dense", d.hidden_size, d.intermediate_size, true));
 }
 
 at::Tensor BertIntermediate::forward(const at::Tensor& x) { return nn::activate(act, dense->forward(x)); }
 
 BertOutput::BertOutput(const BuildContext& ctx) {
   const auto& d = model_config(ctx).decoder;
-  dense = register_module("dense", std::make_shared<nn::Linear>(d.intermediate_size, d.hidden_size, true));
+  dense = register_module("dense", nn::make_linear("dense", d.intermediate_size, d.hidden_size, true));
   LayerNorm = register_module("LayerNorm", layer_norm(model_config(ctx)));
 }
 
@@ -256,7 +256,7 @@ at::Tensor BertEncoder::forward(const at::Tensor& hidden, const BertAttentionInp
 
 BertPooler::BertPooler(const BuildContext& ctx) {
   const int64_t h = model_config(ctx).decoder.hidden_size;
-  dense = register_module("dense", std::make_shared<nn::Linear>(h, h, true));
+  dense = register_module("dense", nn::make_linear("dense", h, h, true));
 }
 
 at::Tensor BertPooler::forward(const at::Tensor& hidden) {
@@ -322,7 +322,7 @@ BertLMPredictionHead::BertLMPredictionHead(const ModelConfig& config, const at::
     : act(config.decoder.activation) {
   const auto& d = config.decoder;
   auto transform = register_module("transform", std::make_shared<torch::nn::Module>());
-  transform_dense = transform->register_module("dense", std::make_shared<nn::Linear>(d.hidden_size, d.hidden_size, true));
+  transform_dense = transform->register_module("dense", nn::make_linear("transform.dense", d.hidden_size, d.hidden_size, true));
   transform_norm = transform->register_module("LayerNorm", layer_norm(config));
   // The decoder's weight is the embedding table when tied; its bias is this head's `bias`. One tensor
   // under two names each, so loading and gradients see a single parameter.
@@ -357,6 +357,7 @@ BertForMaskedLM::BertForMaskedLM(const BuildContext& ctx)
     }
   }
   auto cls = register_module("cls", std::make_shared<torch::nn::Module>());
+  BuildSubmodule head_path("cls.predictions");  // the head's projections sit at cls.predictions.*
   predictions = cls->register_module("predictions", std::make_shared<BertLMPredictionHead>(config(), table));
 }
 

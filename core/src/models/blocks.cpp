@@ -43,9 +43,8 @@ std::vector<int64_t> FusedQkvAttention::split_sizes(const DecoderConfig& d) {
 FusedQkvAttention::FusedQkvAttention(const DecoderConfig& d, bool qkv_bias, bool o_bias)
     : sizes_(split_sizes(d)),
       shape_{d.num_attention_heads, d.num_key_value_heads, d.head_dim, 1.0 / std::sqrt(static_cast<double>(d.head_dim))} {
-  qkv_proj = register_module("qkv_proj",
-                             std::make_shared<nn::Linear>(d.hidden_size, sizes_[0] + sizes_[1] + sizes_[2], qkv_bias));
-  o_proj = register_module("o_proj", std::make_shared<nn::Linear>(sizes_[0], d.hidden_size, o_bias));
+  qkv_proj = register_module("qkv_proj", nn::make_linear("qkv_proj", d.hidden_size, sizes_[0] + sizes_[1] + sizes_[2], qkv_bias));
+  o_proj = register_module("o_proj", nn::make_linear("o_proj", sizes_[0], d.hidden_size, o_bias));
 }
 
 at::Tensor FusedQkvAttention::forward_impl(const at::Tensor& hidden, const AttentionInputs& inputs) {
@@ -77,7 +76,7 @@ SparseMoeBlock::SparseMoeBlock(const BuildContext& ctx, const DecoderSpec& spec)
   if (!spec.shared_expert.empty() && d.moe.shared_expert_intermediate_size > 0) {
     const nlohmann::json width{{"intermediate_size", d.moe.shared_expert_intermediate_size}};
     shared_expert = register_module("shared_expert", build<roles::Mlp>(spec.shared_expert, ctx.child("shared_expert", width)));
-    shared_expert_gate = register_module("shared_expert_gate", std::make_shared<nn::Linear>(d.hidden_size, 1, false));
+    shared_expert_gate = register_module("shared_expert_gate", nn::make_linear("shared_expert_gate", d.hidden_size, 1, false));
   }
 }
 

@@ -1,4 +1,7 @@
 // The families built into libtorchpatch_core: one line each.
+#include <fmt/format.h>
+
+#include "torchpatch/error.h"
 #include "torchpatch/models/bert.h"
 #include "torchpatch/models/family.h"
 #include "torchpatch/models/gemma.h"
@@ -7,10 +10,31 @@
 #include "torchpatch/models/qwen2.h"
 #include "torchpatch/models/qwen2_moe.h"
 #include "torchpatch/models/qwen3_moe.h"
+#include "torchpatch/nn/linear.h"
 
 namespace torchpatch {
 
+namespace {
+
+// nn::Linear as the "Linear" patch point, from the constructor arguments nn::make_linear passes.
+ModuleClass linear_class() {
+  ModuleClass cls;
+  cls.name = "Linear";
+  cls.role = roles::Linear::kRoleName;
+  cls.factory = [](const BuildContext& ctx) -> std::shared_ptr<PatchableModule> {
+    const int64_t in = ctx.arg("in_features", -1), out = ctx.arg("out_features", -1);
+    if (in < 0 || out < 0) {
+      throw PatchError(fmt::format("Linear at {}: needs in_features and out_features, got {}", ctx.path, ctx.args.dump()));
+    }
+    return std::make_shared<nn::Linear>(in, out, ctx.flag("bias", false));
+  };
+  return cls;
+}
+
+}  // namespace
+
 void add_builtin_families(FamilyRegistry& families) {
+  families.add_shared_patch_point(linear_class());
   for (auto family : {llama::family(), mistral::family(), qwen2::family(), qwen2_moe::family(), qwen3_moe::family(),
                       gemma::family(), gemma2::family(), bert::family()}) {
     families.add(std::move(family));

@@ -122,21 +122,18 @@ ModelOutput DecoderModel::forward_impl(const ModelInputs& in) {
   return out;
 }
 
-LmHead::LmHead(int64_t hidden_size, int64_t vocab_size) {
-  weight = register_parameter("weight", nn::new_parameter({vocab_size, hidden_size}));
-}
+TiedLmHead::TiedLmHead(const at::Tensor& tied_weight) { weight = register_parameter("weight", tied_weight); }
 
-LmHead::LmHead(const at::Tensor& tied_weight) { weight = register_parameter("weight", tied_weight); }
-
-at::Tensor LmHead::forward(const at::Tensor& hidden) const { return nn::linear(hidden, weight); }
+at::Tensor TiedLmHead::forward(const at::Tensor& hidden) { return nn::linear(hidden, weight); }
 
 DecoderForCausalLM::DecoderForCausalLM(const BuildContext& ctx, const DecoderSpec& spec)
     : PretrainedModel(model_config(ctx), spec.causal_lm) {
   const auto& d = config().decoder;
   const BuildContext self{config(), -1, ctx.path};
   model = register_module("model", build<DecoderModel>(spec.base_model, self.child("model")));
-  lm_head = register_module("lm_head", d.tie_word_embeddings ? std::make_shared<LmHead>(model->embed_tokens->weight)
-                                                              : std::make_shared<LmHead>(d.hidden_size, d.vocab_size));
+  lm_head = register_module("lm_head", d.tie_word_embeddings
+                                          ? std::shared_ptr<roles::Linear>(std::make_shared<TiedLmHead>(model->embed_tokens->weight))
+                                          : nn::make_linear("lm_head", d.hidden_size, d.vocab_size, false));
 }
 
 void DecoderForCausalLM::required_outputs(const ModelInputs& in, std::vector<std::string>& names) const {

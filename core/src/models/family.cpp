@@ -38,6 +38,38 @@ void FamilyRegistry::add(Family family) {
   families_.emplace(model_type, std::make_shared<const Family>(std::move(family)));
 }
 
+void FamilyRegistry::add_shared_patch_point(const ModuleClass& cls) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (auto clash = classes_.clash(cls)) throw PatchError(fmt::format("shared patch point: {}", *clash));
+  classes_.add(cls);
+}
+
+void FamilyRegistry::add_quantization_method(QuantizationMethod method) {
+  if (method.name.empty() || !method.patches) {
+    throw Error(fmt::format("quantization method from {}: needs a name and its patches", method.origin.describe()));
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (auto it = quantization_methods_.find(method.name); it != quantization_methods_.end()) {
+    throw Error(fmt::format("quantization method '{}' is already provided by {}; {} cannot provide it again",
+                            method.name, it->second->origin.describe(), method.origin.describe()));
+  }
+  const std::string name = method.name;
+  quantization_methods_.emplace(name, std::make_shared<const QuantizationMethod>(std::move(method)));
+}
+
+std::shared_ptr<const QuantizationMethod> FamilyRegistry::quantization_method(const std::string& quant_method) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = quantization_methods_.find(quant_method);
+  return it == quantization_methods_.end() ? nullptr : it->second;
+}
+
+std::vector<std::string> FamilyRegistry::quantization_methods() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::string> names;
+  for (const auto& [name, method] : quantization_methods_) names.push_back(name);
+  return names;
+}
+
 std::shared_ptr<const Family> FamilyRegistry::find(const std::string& model_type) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = families_.find(model_type);

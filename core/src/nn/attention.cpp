@@ -37,10 +37,10 @@ GqaAttention::GqaAttention(const GqaOptions& o)
       scaling(o.scaling > 0 ? o.scaling : 1.0 / std::sqrt(static_cast<double>(o.head_dim))),
       softcap(o.softcap) {
   const auto in = o.hidden_size;
-  q_proj = register_module("q_proj", std::make_shared<Linear>(in, num_heads * head_dim, o.qkv_bias));
-  k_proj = register_module("k_proj", std::make_shared<Linear>(in, num_key_value_heads * head_dim, o.qkv_bias));
-  v_proj = register_module("v_proj", std::make_shared<Linear>(in, num_key_value_heads * head_dim, o.qkv_bias));
-  o_proj = register_module("o_proj", std::make_shared<Linear>(num_heads * head_dim, in, o.o_bias));
+  q_proj = register_module("q_proj", make_linear("q_proj", in, num_heads * head_dim, o.qkv_bias));
+  k_proj = register_module("k_proj", make_linear("k_proj", in, num_key_value_heads * head_dim, o.qkv_bias));
+  v_proj = register_module("v_proj", make_linear("v_proj", in, num_key_value_heads * head_dim, o.qkv_bias));
+  o_proj = register_module("o_proj", make_linear("o_proj", num_heads * head_dim, in, o.o_bias));
 }
 
 at::Tensor GqaAttention::forward_impl(const at::Tensor& hidden, const AttentionInputs& inputs) {

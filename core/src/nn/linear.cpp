@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include "nn/gemv.h"
+#include "torchpatch/patching/build.h"
 
 namespace torchpatch::nn {
 
@@ -69,7 +70,14 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   return y.view(out_shape);
 }
 
-at::Tensor Linear::forward(const at::Tensor& x) const { return linear(x, weight, bias); }
+at::Tensor Linear::forward(const at::Tensor& x) { return linear(x, weight, bias); }
+
+std::shared_ptr<roles::Linear> make_linear(const std::string& name, int64_t in_features, int64_t out_features,
+                                           bool bias) {
+  return build_child<roles::Linear>(
+      "Linear", name, {{"in_features", in_features}, {"out_features", out_features}, {"bias", bias}});
+}
+
 
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim) {
   weight = register_parameter("weight", new_parameter({num_embeddings, embedding_dim}, false));

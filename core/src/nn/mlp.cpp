@@ -28,9 +28,9 @@ at::Tensor activate(Activation act, const at::Tensor& x) {
 at::Tensor activation(const std::string& name, const at::Tensor& x) { return activate(parse_activation(name), x); }
 
 GatedMlp::GatedMlp(const MlpOptions& o) : act(o.act) {
-  gate_proj = register_module("gate_proj", std::make_shared<Linear>(o.hidden_size, o.intermediate_size, o.bias));
-  up_proj = register_module("up_proj", std::make_shared<Linear>(o.hidden_size, o.intermediate_size, o.bias));
-  down_proj = register_module("down_proj", std::make_shared<Linear>(o.intermediate_size, o.hidden_size, o.bias));
+  gate_proj = register_module("gate_proj", make_linear("gate_proj", o.hidden_size, o.intermediate_size, o.bias));
+  up_proj = register_module("up_proj", make_linear("up_proj", o.hidden_size, o.intermediate_size, o.bias));
+  down_proj = register_module("down_proj", make_linear("down_proj", o.intermediate_size, o.hidden_size, o.bias));
 }
 
 at::Tensor GatedMlp::forward(const at::Tensor& x) {

@@ -68,6 +68,13 @@ at::Tensor FusedExperts::forward_eager(const at::Tensor& hidden, const at::Tenso
 
 at::Tensor FusedExperts::forward_grouped(const at::Tensor& hidden, const at::Tensor& indices,
                                          const at::Tensor& weights) {
+  const ExpertProjections projections{[&](int64_t e, const at::Tensor& x) { return nn::linear(x, gate_up_proj[e]); },
+                                      [&](int64_t e, const at::Tensor& x) { return nn::linear(x, down_proj[e]); }};
+  return grouped_experts(hidden, indices, weights, num_experts, act, projections);
+}
+
+at::Tensor grouped_experts(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights,
+                           int64_t num_experts, Activation act, const ExpertProjections& projections) {
   const int64_t top_k = indices.size(1);
   // Token-expert pairs sorted by expert (stable: tokens stay in order within an expert), so each
   // chosen expert reads one contiguous slice of gathered tokens.
@@ -83,8 +90,8 @@ at::Tensor FusedExperts::forward_grouped(const at::Tensor& hidden, const at::Ten
   for (int64_t e = 0; e < num_experts; ++e) {
     if (count[e] == 0) continue;
     auto slice = x.narrow(0, start, count[e]);
-    auto gate_up = nn::linear(slice, gate_up_proj[e]).chunk(2, -1);
-    pieces.push_back(nn::linear(activate(act, gate_up[0]) * gate_up[1], down_proj[e]));
+    auto gate_up = projections.gate_up(e, slice).chunk(2, -1);
+    pieces.push_back(projections.down(e, activate(act, gate_up[0]) * gate_up[1]));
     start += count[e];
   }
   auto out = at::zeros_like(hidden);

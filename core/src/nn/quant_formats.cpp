@@ -11,10 +11,10 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <c10/util/Half.h>
 #include <fmt/format.h>
 
 #include "torchpatch/error.h"
+#include "nn/quant_block.h"
 
 namespace torchpatch::nn {
 
@@ -22,15 +22,8 @@ namespace {
 
 constexpr int64_t kRowsPerTask = 16;
 
-void store_half(uint8_t* out, float value) {
-  const uint16_t bits = c10::Half(value).x;  // round to nearest even, as numpy's astype(float16)
-  out[0] = static_cast<uint8_t>(bits & 0xff);
-  out[1] = static_cast<uint8_t>(bits >> 8);
-}
-
-float load_half(const uint8_t* in) {
-  return c10::detail::fp16_ieee_to_fp32_value(static_cast<uint16_t>(in[0] | in[1] << 8));
-}
+using block::load_half;
+using block::store_half;
 
 // A scaled value saturated into [low, high]; `1/d` overflows to infinity when d is subnormal.
 float saturate(float v, float low, float high) { return std::isnan(v) ? 0.0f : std::clamp(v, low, high); }
@@ -45,13 +38,14 @@ void quantize_block_q8_0(const float* x, uint8_t* out) {
   store_half(out, d);
   for (int64_t j = 0; j < kQuantBlockSize; ++j) {
     const float q = saturate(std::round(x[j] * id), -127.0f, 127.0f);  // std::round: half away from zero
-    out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(q));
+    out[block::kScaleBytes + j] = static_cast<uint8_t>(static_cast<int8_t>(q));
   }
 }
 
 void dequantize_block_q8_0(const uint8_t* in, float* w) {
   const float d = load_half(in);
-  for (int64_t j = 0; j < kQuantBlockSize; ++j) w[j] = d * static_cast<float>(static_cast<int8_t>(in[2 + j]));
+  const uint8_t* q = in + block::kScaleBytes;
+  for (int64_t j = 0; j < kQuantBlockSize; ++j) w[j] = d * static_cast<float>(static_cast<int8_t>(q[j]));
 }
 
 // -- Q4_0: [d fp16][16 bytes: q[j] | q[j + 16] << 4] ----------------------------------------------
@@ -75,15 +69,15 @@ void quantize_block_q4_0(const float* x, uint8_t* out) {
     q[j] = static_cast<uint8_t>(saturate(std::trunc(shifted), 0.0f, 15.0f));
   }
   constexpr int64_t kHalf = kQuantBlockSize / 2;
-  for (int64_t j = 0; j < kHalf; ++j) out[2 + j] = static_cast<uint8_t>(q[j] | q[j + kHalf] << 4);
+  for (int64_t j = 0; j < kHalf; ++j) out[block::kScaleBytes + j] = static_cast<uint8_t>(q[j] | q[j + kHalf] << 4);
 }
 
 void dequantize_block_q4_0(const uint8_t* in, float* w) {
   const float d = load_half(in);
   constexpr int64_t kHalf = kQuantBlockSize / 2;
   for (int64_t j = 0; j < kHalf; ++j) {
-    w[j] = d * static_cast<float>((in[2 + j] & 0x0f) - 8);
-    w[j + kHalf] = d * static_cast<float>((in[2 + j] >> 4) - 8);
+    w[j] = d * static_cast<float>((in[block::kScaleBytes + j] & 0x0f) - 8);
+    w[j + kHalf] = d * static_cast<float>((in[block::kScaleBytes + j] >> 4) - 8);
   }
 }
 
@@ -100,7 +94,7 @@ int64_t checked_blocks_per_row(int64_t in, const std::string& name, QuantFormat 
 
 }  // namespace
 
-int64_t block_bytes(QuantFormat format) { return format == QuantFormat::kQ8_0 ? 34 : 18; }
+int64_t block_bytes(QuantFormat format) { return block::bytes_of(format); }
 
 const char* format_name(QuantFormat format) { return format == QuantFormat::kQ8_0 ? "q8_0" : "q4_0"; }
 

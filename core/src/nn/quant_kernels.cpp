@@ -3,9 +3,23 @@
 // 32 values), so a block's dot product is 32 int8 products summed exactly in int32, then scaled by
 // d_w * d_x. Q4_0 weights enter unsigned (0..15) and the offset comes back per block as 8 * sum(x_q).
 //
-// Kernels: scalar, and AVX2 (maddubs / madd over 32 bytes, the sign trick for Q8_0's signed weights),
-// chosen at run time. Output rows are split across LibTorch's intra-op threads; each row is computed by
-// one thread in one order, so a result does not depend on the thread count.
+// Kernels, chosen at run time:
+//   scalar   plain C++, one dot per (row, token)
+//   AVX2     maddubs / madd over 32 bytes, the sign trick for Q8_0's signed weights, one dot per (row, token)
+//   AVX-512  VNNI's dpbusd (unsigned x signed bytes into int32). The weights enter unsigned: Q8_0 as
+//            w + 128 (exact for every int8), Q4_0 as its nibbles 0..15; each block's int32 sum starts
+//            at minus that offset (128 or 8) times the block's sum of activations, so it comes out
+//            exactly sum(w * x). Two layouts:
+//     decode   (fewer than 4 tokens) two blocks per 512-bit register (lanes 0-7 one block, 8-15 the
+//              next), weights straight from memory, one row after another; per pair of blocks one
+//              convert and one multiply-add by the two blocks' scales.
+//     prefill  (4 tokens or more) groups of 16 blocks, lane i of register k holding bytes 4k..4k+3 of
+//              block i: 8 dpbusd finish 16 blocks, and the scaling is one convert and one multiply-add
+//              per 16 blocks. Tiles of 4 rows x 4 tokens (each weight register used for 4 tokens, each
+//              activation register for 4 rows); a tile's rows are rearranged once (gathers) and used for
+//              every token of a chunk whose activations stay in L2.
+// Output rows are split across LibTorch's intra-op threads; each output is computed by one thread in
+// one order (the same whatever tile or task it falls in), so a result does not depend on the thread count.
 #include "torchpatch/nn/quant.h"
 
 #include <cpuid.h>
@@ -18,10 +32,10 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <c10/util/Half.h>
 #include <fmt/format.h>
 
 #include "torchpatch/error.h"
+#include "nn/quant_block.h"
 
 namespace torchpatch::nn {
 
@@ -36,7 +50,10 @@ struct QuantizedRow {
   const int32_t* sum;
 };
 
-float half_at(const uint8_t* p) { return c10::detail::fp16_ieee_to_fp32_value(static_cast<uint16_t>(p[0] | p[1] << 8)); }
+using block::kQ4_0Bytes;
+using block::kQ8_0Bytes;
+using block::kScaleBytes;
+using block::load_half;
 
 // Activations: d = amax / 127, q = round-to-nearest-even(x / d). Not the weights' reference rounding
 // (half away from zero): what matters here is that the scalar and vector kernels agree.
@@ -62,10 +79,10 @@ void quantize_activations(const float* x, int64_t k, int8_t* q, float* d, int32_
 float dot_q8_0_scalar(const uint8_t* w, const QuantizedRow& x, int64_t blocks) {
   float total = 0.0f;
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* wb = w + b * 34;
+    const uint8_t* wb = w + b * kQ8_0Bytes;
     int32_t acc = 0;
-    for (int64_t j = 0; j < kBlock; ++j) acc += static_cast<int8_t>(wb[2 + j]) * x.q[b * kBlock + j];
-    total += half_at(wb) * x.d[b] * static_cast<float>(acc);
+    for (int64_t j = 0; j < kBlock; ++j) acc += static_cast<int8_t>(wb[kScaleBytes + j]) * x.q[b * kBlock + j];
+    total += load_half(wb) * x.d[b] * static_cast<float>(acc);
   }
   return total;
 }
@@ -73,11 +90,12 @@ float dot_q8_0_scalar(const uint8_t* w, const QuantizedRow& x, int64_t blocks) {
 float dot_q4_0_scalar(const uint8_t* w, const QuantizedRow& x, int64_t blocks) {
   float total = 0.0f;
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* wb = w + b * 18;
+    const uint8_t* wb = w + b * kQ4_0Bytes;
     const int8_t* xq = x.q + b * kBlock;
     int32_t acc = 0;
-    for (int64_t j = 0; j < kBlock / 2; ++j) acc += (wb[2 + j] & 0x0f) * xq[j] + (wb[2 + j] >> 4) * xq[j + kBlock / 2];
-    total += half_at(wb) * x.d[b] * static_cast<float>(acc - 8 * x.sum[b]);
+    const uint8_t* nibbles = wb + kScaleBytes;
+    for (int64_t j = 0; j < kBlock / 2; ++j) acc += (nibbles[j] & 0x0f) * xq[j] + (nibbles[j] >> 4) * xq[j + kBlock / 2];
+    total += load_half(wb) * x.d[b] * static_cast<float>(acc - 8 * x.sum[b]);
   }
   return total;
 }
@@ -102,8 +120,8 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256i dot_us8_avx2(__m256i u, 
 __attribute__((target("avx2,fma,f16c"))) float dot_q8_0_avx2(const uint8_t* w, const QuantizedRow& x, int64_t blocks) {
   __m256 acc = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* wb = w + b * 34;
-    const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 2));
+    const uint8_t* wb = w + b * kQ8_0Bytes;
+    const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kScaleBytes));
     const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + b * kBlock));
     // maddubs multiplies unsigned by signed bytes: |w| times x carrying w's sign is w * x.
     const __m256i products = dot_us8_avx2(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qx, qw));
@@ -117,8 +135,8 @@ __attribute__((target("avx2,fma,f16c"))) float dot_q4_0_avx2(const uint8_t* w, c
   float offset = 0.0f;  // sum over blocks of scale * 8 * sum(x_q): the nibbles' "- 8", taken out once
   const __m256i low_nibbles = _mm256_set1_epi8(0x0f);
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* wb = w + b * 18;
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 2));
+    const uint8_t* wb = w + b * kQ4_0Bytes;
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + kScaleBytes));
     // Weights 0..15 in the low lane, 16..31 in the high lane, as the activations are laid out.
     const __m256i nibbles = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low_nibbles);
     const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + b * kBlock));
@@ -128,6 +146,331 @@ __attribute__((target("avx2,fma,f16c"))) float dot_q4_0_avx2(const uint8_t* w, c
   }
   return hsum_avx2(acc) - offset;
 }
+
+// -- AVX-512 VNNI ---------------------------------------------------------------------------------------
+
+#define TP_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+// Loops over a tile's rows and tokens, unrolled so that accumulators and weights stay in registers.
+#define TP_UNROLL _Pragma("GCC unroll 16")
+
+constexpr int kTileRows = 4;
+constexpr int kTileTokens = 4;  // from this many tokens on, the prefill layout (groups of 16 blocks)
+
+// x * id rounded as quantize_activations does (nearest even, NaN -> 0, clamped to +-127), as int32.
+TP_AVX512 inline __m512i round_to_int8_range(__m512 x, __m512 id) {
+  __m512 v = _mm512_roundscale_ps(_mm512_mul_ps(x, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v);
+  v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+  return _mm512_cvtps_epi32(v);
+}
+
+// quantize_activations with AVX-512: the same q, d and sums, bit for bit.
+TP_AVX512 void quantize_activations_avx512(const float* x, int64_t k, int8_t* q, float* d, int32_t* sum) {
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    const float* xb = x + b * kBlock;
+    const __m512 lo = _mm512_loadu_ps(xb), hi = _mm512_loadu_ps(xb + 16);
+    // max(a, b) returns b when a is NaN: NaNs are skipped, as std::max(amax, NaN) does.
+    __m512 m = _mm512_max_ps(_mm512_abs_ps(lo), _mm512_setzero_ps());
+    m = _mm512_max_ps(_mm512_abs_ps(hi), m);
+    const float amax = _mm512_reduce_max_ps(m);
+    d[b] = amax / 127.0f;
+    const __m512 id = _mm512_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+    const __m512i qlo = round_to_int8_range(lo, id), qhi = round_to_int8_range(hi, id);
+    sum[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kBlock), _mm512_cvtepi32_epi8(qlo));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kBlock + 16), _mm512_cvtepi32_epi8(qhi));
+  }
+}
+
+// ---- decoding (fewer than kTileTokens tokens): pairs of blocks, weights read once, straight from memory
+
+constexpr int64_t kPairBytes = 2 * kBlock;
+// Software prefetch, bytes ahead of the pair being read, measured: it helps Q4_0 (whose rows go by
+// faster than the hardware prefetcher ramps up), and slows Q8_0 down, which streams as well without.
+template <bool Q8>
+constexpr std::uintptr_t kPrefetchDistance = Q8 ? 0 : 1024;
+
+/// Activations per token and pair of blocks (an odd last block paired with zeros): 64 bytes of q, the
+/// two blocks' scales each over 8 lanes, and minus the weights' offset (Q8_0: 128, Q4_0: 8) times each
+/// block's sum of q, spread over its 8 lanes.
+struct PairedTokens {
+  int64_t pairs;
+  const int8_t* q;
+  const float* d;
+  const int32_t* init;
+};
+
+TP_AVX512 void pair_token_avx512(bool q8, const int8_t* q, const float* d, const int32_t* sum, int64_t blocks,
+                                 int8_t* xq, float* dx, int32_t* init) {
+  const int64_t pairs = (blocks + 1) / 2;
+  for (int64_t b = 0; b < pairs * 2; ++b) {
+    const bool real = b < blocks;
+    const __m256i v =
+        real ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + b * kBlock)) : _mm256_setzero_si256();
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + b * kBlock), v);
+    _mm256_storeu_ps(dx + b * 8, _mm256_set1_ps(real ? d[b] : 0.0f));
+    // 8 lanes of -(offset / 8) * sum add up to -offset * sum.
+    const int32_t lane = real ? -(q8 ? 16 : 1) * sum[b] : 0;
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(init + b * 8), _mm256_set1_epi32(lane));
+  }
+}
+
+/// One row's pair of blocks in registers: the weights as unsigned bytes (Q8_0: w + 128, Q4_0: the
+/// nibbles 0..15, in the activations' order) and the two scales over 8 lanes each.
+struct WeightPair {
+  __m512i w;
+  __m512 d;
+};
+
+// Word indices (vpermw) into the bytes of a pair of blocks: the scales, and Q4_0's two 16-byte halves
+// each repeated over two 128-bit lanes.
+alignas(64) constexpr uint16_t kQ8Scales[32] = {0,  0,  0,  0,  0,  0,  0,  0,  17, 17, 17, 17, 17, 17, 17, 17,
+                                                0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0};
+alignas(64) constexpr uint16_t kQ4Scales[32] = {0, 0, 0, 0, 0, 0, 0, 0, 9, 9, 9, 9, 9, 9, 9, 9,
+                                                0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+alignas(64) constexpr uint16_t kQ4Nibbles[32] = {1,  2,  3,  4,  5,  6,  7,  8,  1,  2,  3,  4,  5,  6,  7,  8,
+                                                 10, 11, 12, 13, 14, 15, 16, 17, 10, 11, 12, 13, 14, 15, 16, 17};
+// Per 16-bit word: shift the second and fourth 128-bit lanes by 4 (the high nibbles).
+alignas(64) constexpr uint16_t kQ4Shifts[32] = {0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4,
+                                                0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4};
+
+template <bool Q8>
+TP_AVX512 inline WeightPair load_weight_pair(const uint8_t* row, int64_t pair, bool both) {
+  constexpr int64_t bytes = Q8 ? kQ8_0Bytes : kQ4_0Bytes;
+  const uint8_t* b0 = row + pair * 2 * bytes;
+  WeightPair p;
+  if (Q8) {
+    // The pair's first 64 bytes hold both scales (an odd last block alone: its 34 bytes, no more read).
+    const __m512i head = both ? _mm512_loadu_si512(b0) : _mm512_maskz_loadu_epi8((1ull << kQ8_0Bytes) - 1, b0);
+    p.d = _mm512_cvtph_ps(_mm512_castsi512_si256(
+        _mm512_permutexvar_epi16(_mm512_load_si512(kQ8Scales), head)));
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + kScaleBytes));
+    const __m256i hi = both ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + bytes + kScaleBytes))
+                            : _mm256_setzero_si256();
+    // w + 128 as unsigned (exact for every int8, -128 too); the activations' sums take the 128 back.
+    p.w = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi8(-128));
+  } else {
+    const __m512i all = _mm512_maskz_loadu_epi8(both ? (1ull << (2 * bytes)) - 1 : (1ull << bytes) - 1, b0);
+    p.d = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(_mm512_load_si512(kQ4Scales), all)));
+    const __m512i halves = _mm512_permutexvar_epi16(_mm512_load_si512(kQ4Nibbles), all);
+    p.w = _mm512_and_si512(_mm512_srlv_epi16(halves, _mm512_load_si512(kQ4Shifts)), _mm512_set1_epi8(0x0f));
+  }
+  return p;
+}
+
+/// Pair p of one row times tokens [0, TT), added to acc[t].
+template <bool Q8, int TT>
+TP_AVX512 inline void decode_pair_avx512(const uint8_t* row, int64_t p, int64_t blocks, const PairedTokens& x,
+                                         __m512* acc) {
+  constexpr int64_t pair_bytes = 2 * (Q8 ? kQ8_0Bytes : kQ4_0Bytes);
+  if (kPrefetchDistance<Q8> != 0) {
+    // (The address as an integer: past the weight's end it is no pointer; prefetching never faults.)
+    _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(row + p * pair_bytes) +
+                                               kPrefetchDistance<Q8>),
+                 _MM_HINT_T0);
+  }
+  const WeightPair w = load_weight_pair<Q8>(row, p, 2 * p + 1 < blocks);
+  TP_UNROLL for (int t = 0; t < TT; ++t) {
+    const int64_t at = t * x.pairs + p;
+    const __m512i dot = _mm512_dpbusd_epi32(_mm512_loadu_si512(x.init + at * 16), w.w,
+                                            _mm512_loadu_si512(x.q + at * kPairBytes));
+    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(w.d, _mm512_loadu_ps(x.d + at * 16)), acc[t]);
+  }
+}
+
+/// One row x tokens [0, TT): out[t * out_stride] = the row's dot with token t. Two accumulators per
+/// token (even and odd pairs) keep two multiply-adds in flight.
+template <bool Q8, int TT>
+TP_AVX512 void decode_row_avx512(const uint8_t* row, int64_t blocks, const PairedTokens& x, float* out,
+                                 int64_t out_stride, float bias) {
+  const int64_t pairs = x.pairs;
+  __m512 even[TT], odd[TT];
+  TP_UNROLL for (int t = 0; t < TT; ++t) even[t] = odd[t] = _mm512_setzero_ps();
+  int64_t p = 0;
+  for (; p + 2 <= pairs; p += 2) {
+    decode_pair_avx512<Q8, TT>(row, p, blocks, x, even);
+    decode_pair_avx512<Q8, TT>(row, p + 1, blocks, x, odd);
+  }
+  if (p < pairs) decode_pair_avx512<Q8, TT>(row, p, blocks, x, even);
+  TP_UNROLL for (int t = 0; t < TT; ++t) {
+    out[t * out_stride] = _mm512_reduce_add_ps(_mm512_add_ps(even[t], odd[t])) + bias;
+  }
+}
+
+/// Output rows [row_begin, row_end) for tokens < kTileTokens, one row after another (one stream
+/// from memory: faster here than several rows at once); y[t * out_features + o].
+template <bool Q8>
+TP_AVX512 void decode_rows_avx512(const uint8_t* w, int64_t row_bytes, int64_t blocks, const PairedTokens& x,
+                                  int64_t tokens, int64_t row_begin, int64_t row_end, float* y, int64_t out_features,
+                                  const float* bias) {
+  for (int64_t o = row_begin; o < row_end; ++o) {
+    const float b = bias ? bias[o] : 0.0f;
+    switch (tokens) {
+      case 3: decode_row_avx512<Q8, 3>(w + o * row_bytes, blocks, x, y + o, out_features, b); break;
+      case 2: decode_row_avx512<Q8, 2>(w + o * row_bytes, blocks, x, y + o, out_features, b); break;
+      default: decode_row_avx512<Q8, 1>(w + o * row_bytes, blocks, x, y + o, out_features, b); break;
+    }
+  }
+}
+
+// ---- prefill (kTileTokens tokens or more): groups of 16 blocks, one block per int32 lane
+//
+// Register k of a group holds, in lane i, bytes 4k..4k+3 of block i: 8 dpbusd sum all 32 products of
+// 16 blocks at once, lane by lane, and the scaling is one convert and one multiply-add per 16 blocks
+// (per 2 in the decoding layout). Weights are rearranged per tile of rows (gathers), activations per
+// token; both are reused many times.
+
+constexpr int kGroup = 16;          // blocks per group
+constexpr int kGroupWeightRegs = 9;  // per row and group: 8 of weights (unsigned, as decoding), the scales
+
+/// Activations per token and group: 8 registers of q (zeros past the last block), the 16 blocks'
+/// scales, and minus the weights' offset (Q8_0: 128, Q4_0: 8) times each block's sum of q.
+struct GroupedTokens {
+  int64_t groups;
+  const __m512i* q;   // [(t * groups + g) * 8 + k]
+  const __m512* d;    // [t * groups + g]
+  const __m512i* init;  // [t * groups + g]
+};
+
+TP_AVX512 inline __m512i lane_offsets(int64_t stride) {
+  return _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                            _mm512_set1_epi32(static_cast<int>(stride)));
+}
+
+TP_AVX512 void group_token_avx512(bool q8, const int8_t* q, const float* d, const int32_t* sum, int64_t blocks,
+                                  __m512i* xq, __m512* dx, __m512i* init) {
+  const __m512i offsets = lane_offsets(kBlock);
+  for (int64_t g = 0; g * kGroup < blocks; ++g) {
+    const int64_t n = std::min<int64_t>(kGroup, blocks - g * kGroup);
+    const __mmask16 real = static_cast<__mmask16>((1u << n) - 1);
+    const int8_t* base = q + g * kGroup * kBlock;
+    for (int k = 0; k < 8; ++k) {
+      const __m512i at = _mm512_add_epi32(offsets, _mm512_set1_epi32(4 * k));
+      _mm512_store_si512(xq + g * 8 + k, _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), real, at, base, 1));
+    }
+    dx[g] = _mm512_maskz_loadu_ps(real, d + g * kGroup);
+    const __m512i sums = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(real, sum + g * kGroup), q8 ? 7 : 3);
+    init[g] = _mm512_sub_epi32(_mm512_setzero_si512(), sums);
+  }
+}
+
+/// Rearranges `nrows` rows into `packed`: kGroupWeightRegs registers per row and group, rows one after another.
+template <bool Q8>
+TP_AVX512 void group_rows_avx512(const uint8_t* rows, int64_t row_bytes, int nrows, int64_t blocks, __m512i* packed) {
+  constexpr int64_t bytes = Q8 ? kQ8_0Bytes : kQ4_0Bytes;
+  const int64_t groups = (blocks + kGroup - 1) / kGroup;
+  const __m512i offsets = lane_offsets(bytes);
+  for (int r = 0; r < nrows; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t n = std::min<int64_t>(kGroup, blocks - g * kGroup);
+      const __mmask16 real = static_cast<__mmask16>((1u << n) - 1);
+      const uint8_t* base = rows + r * row_bytes + g * kGroup * bytes;
+      __m512i* dst = packed + (r * groups + g) * kGroupWeightRegs;
+      for (int k = 0; k < 8; ++k) {
+        const int at = static_cast<int>(kScaleBytes) + 4 * (Q8 ? k : k % 4);
+        __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), real,
+                                                _mm512_add_epi32(offsets, _mm512_set1_epi32(at)), base, 1);
+        if (Q8) {  // w + 128
+          v = _mm512_xor_si512(v, _mm512_set1_epi8(-128));
+        } else {  // weights 0..15 low nibbles, 16..31 high nibbles
+          v = _mm512_and_si512(k < 4 ? v : _mm512_srli_epi32(v, 4), _mm512_set1_epi8(0x0f));
+        }
+        _mm512_store_si512(dst + k, v);
+      }
+      const __m512i halves = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), real, offsets, base, 1);
+      _mm512_store_ps(reinterpret_cast<float*>(dst + 8), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(halves)));
+    }
+  }
+}
+
+/// Rows [0, RT) x tokens [t0, t0 + TT) from the rearranged rows `packed`: out[t * out_stride + r].
+template <bool Q8, int RT, int TT>
+TP_AVX512 void prefill_tile_avx512(const __m512i* packed, const GroupedTokens& x, int64_t t0, float* out,
+                                   int64_t out_stride, const float* bias) {
+  const int64_t groups = x.groups;
+  __m512 acc[RT][TT];
+  TP_UNROLL for (int r = 0; r < RT; ++r) {
+    TP_UNROLL for (int t = 0; t < TT; ++t) acc[r][t] = _mm512_setzero_ps();
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i dot[RT][TT];
+    TP_UNROLL for (int r = 0; r < RT; ++r) {
+      TP_UNROLL for (int t = 0; t < TT; ++t) {
+        dot[r][t] = _mm512_load_si512(x.init + (t0 + t) * groups + g);
+      }
+    }
+    TP_UNROLL for (int k = 0; k < 8; ++k) {
+      __m512i w[RT];
+      TP_UNROLL for (int r = 0; r < RT; ++r) w[r] = _mm512_load_si512(packed + (r * groups + g) * kGroupWeightRegs + k);
+      TP_UNROLL for (int t = 0; t < TT; ++t) {
+        const __m512i xv = _mm512_load_si512(x.q + ((t0 + t) * groups + g) * 8 + k);
+        TP_UNROLL for (int r = 0; r < RT; ++r) {
+          dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], w[r], xv);
+        }
+      }
+    }
+    TP_UNROLL for (int t = 0; t < TT; ++t) {
+      const __m512 dv = _mm512_load_ps(reinterpret_cast<const float*>(x.d + (t0 + t) * groups + g));
+      TP_UNROLL for (int r = 0; r < RT; ++r) {
+        const __m512i* scales = packed + (r * groups + g) * kGroupWeightRegs + 8;
+        const __m512 dw = _mm512_load_ps(reinterpret_cast<const float*>(scales));
+        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][t]), _mm512_mul_ps(dw, dv), acc[r][t]);
+      }
+    }
+  }
+  TP_UNROLL for (int t = 0; t < TT; ++t) {
+    TP_UNROLL for (int r = 0; r < RT; ++r) {
+      out[t * out_stride + r] = _mm512_reduce_add_ps(acc[r][t]) + (bias ? bias[r] : 0.0f);
+    }
+  }
+}
+
+template <bool Q8, int RT>
+TP_AVX512 void prefill_rows_tokens(const __m512i* packed, const GroupedTokens& x, int64_t t_begin, int64_t t_end,
+                                   float* y, int64_t out_stride, const float* bias) {
+  int64_t t = t_begin;
+  for (; t + kTileTokens <= t_end; t += kTileTokens) {
+    prefill_tile_avx512<Q8, RT, kTileTokens>(packed, x, t, y + t * out_stride, out_stride, bias);
+  }
+  float* out = y + t * out_stride;
+  switch (t_end - t) {
+    case 3: prefill_tile_avx512<Q8, RT, 3>(packed, x, t, out, out_stride, bias); break;
+    case 2: prefill_tile_avx512<Q8, RT, 2>(packed, x, t, out, out_stride, bias); break;
+    case 1: prefill_tile_avx512<Q8, RT, 1>(packed, x, t, out, out_stride, bias); break;
+    default: break;
+  }
+}
+
+/// Output rows [row_begin, row_end) for every token; y[t * out_features + o]. Tokens in chunks whose
+/// activations stay in L2; per chunk, each tile of rows rearranged once and used for every token.
+template <bool Q8>
+TP_AVX512 void prefill_rows_avx512(const uint8_t* w, int64_t row_bytes, int64_t blocks, const GroupedTokens& x,
+                                   int64_t tokens, int64_t row_begin, int64_t row_end, float* y, int64_t out_features,
+                                   const float* bias) {
+  const int64_t groups = x.groups;
+  std::vector<uint8_t> buffer(kTileRows * groups * kGroupWeightRegs * sizeof(__m512i) + 64);
+  const auto aligned = (reinterpret_cast<std::uintptr_t>(buffer.data()) + 63) & ~std::uintptr_t{63};
+  __m512i* packed = reinterpret_cast<__m512i*>(aligned);
+  const int64_t token_bytes = groups * 10 * static_cast<int64_t>(sizeof(__m512i));
+  const int64_t chunk = std::max<int64_t>(kTileTokens, (384 * 1024 / token_bytes) / kTileTokens * kTileTokens);
+  for (int64_t t0 = 0; t0 < tokens; t0 += chunk) {
+    const int64_t t1 = std::min(tokens, t0 + chunk);
+    for (int64_t o = row_begin; o < row_end; o += kTileRows) {
+      const int nrows = static_cast<int>(std::min<int64_t>(kTileRows, row_end - o));
+      group_rows_avx512<Q8>(w + o * row_bytes, row_bytes, nrows, blocks, packed);
+      const float* b = bias ? bias + o : nullptr;
+      switch (nrows) {
+        case 4: prefill_rows_tokens<Q8, 4>(packed, x, t0, t1, y + o, out_features, b); break;
+        case 3: prefill_rows_tokens<Q8, 3>(packed, x, t0, t1, y + o, out_features, b); break;
+        case 2: prefill_rows_tokens<Q8, 2>(packed, x, t0, t1, y + o, out_features, b); break;
+        default: prefill_rows_tokens<Q8, 1>(packed, x, t0, t1, y + o, out_features, b); break;
+      }
+    }
+  }
+}
+
+#undef TP_UNROLL
+#undef TP_AVX512
 
 // -- dispatch -------------------------------------------------------------------------------------------
 
@@ -144,12 +487,102 @@ bool cpu_has_avx2() {
   return has;
 }
 
+// AVX-512 F/BW/VL (which __builtin_cpu_supports checks the OS saves too) and VNNI from CPUID leaf 7
+// (clang 14's __builtin_cpu_supports does not know "avx512vnni").
+bool cpu_has_avx512_vnni() {
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool vnni = __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 11)) != 0;
+    return vnni && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && cpu_has_avx2();
+  }();
+  return has;
+}
+
 std::atomic<QuantKernel> chosen_kernel{QuantKernel::kAuto};
 
+// The kernel `kernel` stands for on this CPU: the requested one, else the best one below it.
+QuantKernel resolve(QuantKernel kernel) {
+  if (kernel == QuantKernel::kScalar) return kernel;
+  if ((kernel == QuantKernel::kAuto || kernel == QuantKernel::kAvx512) && cpu_has_avx512_vnni()) {
+    return QuantKernel::kAvx512;
+  }
+  return cpu_has_avx2() ? QuantKernel::kAvx2 : QuantKernel::kScalar;
+}
+
 DotFn dot_for(QuantFormat format, QuantKernel kernel) {
-  const bool avx2 = kernel != QuantKernel::kScalar && cpu_has_avx2();
+  const bool avx2 = kernel == QuantKernel::kAvx2;
   if (format == QuantFormat::kQ8_0) return avx2 ? dot_q8_0_avx2 : dot_q8_0_scalar;
   return avx2 ? dot_q4_0_avx2 : dot_q4_0_scalar;
+}
+
+// Rows per task of at::parallel_for: whole tiles, about 64 KB of weights at least.
+int64_t rows_per_task(int64_t row_bytes) {
+  const int64_t rows = std::max<int64_t>(kTileRows, 64 * 1024 / std::max<int64_t>(row_bytes, 1));
+  return (rows + kTileRows - 1) / kTileRows * kTileRows;
+}
+
+at::Tensor linear_avx512(QuantFormat format, const float* src, int64_t tokens, int64_t in, const uint8_t* w,
+                         int64_t out_features, const float* bias, at::Tensor out) {
+  const bool q8 = format == QuantFormat::kQ8_0;
+  if (tokens == 0 || out_features == 0) return out;
+  const int64_t blocks = in / kBlock;
+  const int64_t row_bytes = blocks * block::bytes_of(format);
+  float* y = out.data_ptr<float>();
+  const int64_t grain = rows_per_task(row_bytes);
+  const int64_t tasks = (out_features + grain - 1) / grain;
+  // Each task is whole tiles of rows (the last may be short); at::parallel_for hands them out.
+  const auto for_rows = [&](const auto& body) {
+    at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+      body(begin * grain, std::min(out_features, end * grain));
+    });
+  };
+  std::vector<int8_t> q(tokens * in);
+  std::vector<float> d(tokens * blocks);
+  std::vector<int32_t> sums(tokens * blocks);
+  if (tokens < kTileTokens) {
+    const int64_t pairs = (blocks + 1) / 2;
+    std::vector<int8_t> xq(tokens * pairs * kPairBytes);
+    std::vector<float> dx(tokens * pairs * 16);
+    std::vector<int32_t> init(tokens * pairs * 16);
+    for (int64_t t = 0; t < tokens; ++t) {
+      quantize_activations_avx512(src + t * in, in, q.data() + t * in, d.data() + t * blocks, sums.data() + t * blocks);
+      pair_token_avx512(q8, q.data() + t * in, d.data() + t * blocks, sums.data() + t * blocks, blocks,
+                        xq.data() + t * pairs * kPairBytes, dx.data() + t * pairs * 16,
+                        init.data() + t * pairs * 16);
+    }
+    const PairedTokens x{pairs, xq.data(), dx.data(), init.data()};
+    for_rows([&](int64_t row_begin, int64_t row_end) {
+      if (q8) {
+        decode_rows_avx512<true>(w, row_bytes, blocks, x, tokens, row_begin, row_end, y, out_features, bias);
+      } else {
+        decode_rows_avx512<false>(w, row_bytes, blocks, x, tokens, row_begin, row_end, y, out_features, bias);
+      }
+    });
+    return out;
+  }
+  const int64_t groups = (blocks + kGroup - 1) / kGroup;
+  // 64-byte aligned registers' worth: LibTorch's allocator aligns to 64 bytes.
+  const at::Tensor layout = at::empty({tokens * groups * (8 + 1 + 1) * 64}, at::kByte);
+  auto* xq = reinterpret_cast<__m512i*>(layout.data_ptr<uint8_t>());
+  auto* dx = reinterpret_cast<__m512*>(xq + tokens * groups * 8);
+  auto* init = reinterpret_cast<__m512i*>(dx + tokens * groups);
+  at::parallel_for(0, tokens, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      quantize_activations_avx512(src + t * in, in, q.data() + t * in, d.data() + t * blocks, sums.data() + t * blocks);
+      group_token_avx512(q8, q.data() + t * in, d.data() + t * blocks, sums.data() + t * blocks, blocks,
+                         xq + t * groups * 8, dx + t * groups, init + t * groups);
+    }
+  });
+  const GroupedTokens x{groups, xq, dx, init};
+  for_rows([&](int64_t row_begin, int64_t row_end) {
+    if (q8) {
+      prefill_rows_avx512<true>(w, row_bytes, blocks, x, tokens, row_begin, row_end, y, out_features, bias);
+    } else {
+      prefill_rows_avx512<false>(w, row_bytes, blocks, x, tokens, row_begin, row_end, y, out_features, bias);
+    }
+  });
+  return out;
 }
 
 void check_operands(QuantFormat format, const at::Tensor& x, const at::Tensor& blocks, int64_t out_features,
@@ -176,7 +609,13 @@ void check_operands(QuantFormat format, const at::Tensor& x, const at::Tensor& b
 
 QuantKernel set_quant_kernel(QuantKernel kernel) { return chosen_kernel.exchange(kernel); }
 
-bool quant_kernel_available(QuantKernel kernel) { return kernel != QuantKernel::kAvx2 || cpu_has_avx2(); }
+bool quant_kernel_available(QuantKernel kernel) {
+  switch (kernel) {
+    case QuantKernel::kAvx2: return cpu_has_avx2();
+    case QuantKernel::kAvx512: return cpu_has_avx512_vnni();
+    default: return true;
+  }
+}
 
 at::Tensor quant_linear(QuantFormat format, const at::Tensor& x, const at::Tensor& blocks, int64_t out_features,
                         const at::Tensor& bias) {
@@ -185,27 +624,29 @@ at::Tensor quant_linear(QuantFormat format, const at::Tensor& x, const at::Tenso
   const int64_t tokens = x.numel() / in;
   const int64_t per_row = in / kBlock;
   const at::Tensor input = x.contiguous();
+  const float* src = input.data_ptr<float>();
+  std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end());
+  out_sizes.back() = out_features;
+  at::Tensor out = at::empty(out_sizes, at::kFloat);
+  const uint8_t* w = blocks.data_ptr<uint8_t>();
+  const at::Tensor bias_values = bias.defined() ? bias.contiguous() : at::Tensor();
+  const float* b = bias_values.defined() ? bias_values.data_ptr<float>() : nullptr;
+  const QuantKernel kernel = resolve(chosen_kernel.load());
+  if (kernel == QuantKernel::kAvx512) return linear_avx512(format, src, tokens, in, w, out_features, b, out);
 
   // Every token's activations quantized once, shared by all output rows.
   std::vector<int8_t> q(tokens * in);
   std::vector<float> d(tokens * per_row);
   std::vector<int32_t> sums(tokens * per_row);
-  const float* src = input.data_ptr<float>();
   at::parallel_for(0, tokens, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       quantize_activations(src + t * in, in, q.data() + t * in, d.data() + t * per_row, sums.data() + t * per_row);
     }
   });
 
-  std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end());
-  out_sizes.back() = out_features;
-  at::Tensor out = at::empty(out_sizes, at::kFloat);
   float* y = out.data_ptr<float>();
-  const uint8_t* w = blocks.data_ptr<uint8_t>();
-  const at::Tensor bias_values = bias.defined() ? bias.contiguous() : at::Tensor();
-  const float* b = bias_values.defined() ? bias_values.data_ptr<float>() : nullptr;
   const int64_t row_bytes = blocks.size(1);
-  const DotFn dot = dot_for(format, chosen_kernel.load());
+  const DotFn dot = dot_for(format, kernel);
   // Each weight row is read once from memory and reused from cache for every token.
   at::parallel_for(0, out_features, 16, [&](int64_t begin, int64_t end) {
     for (int64_t o = begin; o < end; ++o) {

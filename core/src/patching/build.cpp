@@ -78,13 +78,38 @@ std::string suggest_narrower_pattern(const std::string& key, const std::string& 
 
 namespace detail {
 
+namespace {
+thread_local const BuildContext* current_context = nullptr;
+
+// Marks `ctx` as the module being built on this thread while its factory runs.
+struct CurrentBuild {
+  explicit CurrentBuild(const BuildContext& ctx) : previous(current_context) { current_context = &ctx; }
+  ~CurrentBuild() { current_context = previous; }
+  CurrentBuild(const CurrentBuild&) = delete;
+  CurrentBuild& operator=(const CurrentBuild&) = delete;
+  const BuildContext* previous;
+};
+}  // namespace
+
+const Config& no_config() {
+  static const Config config{};
+  return config;
+}
+
+std::shared_ptr<PatchableModule> build_child_module(const std::string& key, const char* role, const std::string& name,
+                                                    nlohmann::json args) {
+  if (current_context) return build_module(key, role, current_context->child(name, std::move(args)));
+  // Outside any build (a block made by hand): no config, the name as the path.
+  return build_module(key, role, BuildContext{no_config(), -1, name, std::move(args)});
+}
+
 std::shared_ptr<PatchableModule> build_module(const std::string& key, const char* role,
                                               const BuildContext& ctx) {
   const ModuleClass* cls = nullptr;
   std::string rule = "builtin";
   auto* scope = active_patch_scope();
   if (scope) {
-    if (auto match = scope->mapping.find(key)) {
+    if (auto match = scope->mapping.find(key, ctx.path)) {
       cls = &match->entry->cls;
       rule = match->rule();
       if (cls->role != role) {
@@ -108,14 +133,30 @@ std::shared_ptr<PatchableModule> build_module(const std::string& key, const char
     }
     cls = &*builtin;
   }
-  std::shared_ptr<PatchableModule> module = cls->factory(ctx);
+  std::shared_ptr<PatchableModule> module;
+  {
+    CurrentBuild current(ctx);
+    module = cls->factory(ctx);
+  }
   if (!module) {
     throw PatchError(fmt::format("patch point '{}' at {}: factory of '{}' returned null", key, ctx.path,
                                  cls->name));
   }
-  module->set_patch_record(PatchRecord{key, cls->name, rule, cls->origin, ctx.path});
+  PatchRecord record{key, cls->name, rule, cls->origin, ctx.path};
+  if (scope) record.passed_over = scope->mapping.passed_over(key, ctx.path);
+  module->set_patch_record(std::move(record));
   return module;
 }
 
 }  // namespace detail
+
+BuildSubmodule::BuildSubmodule(const std::string& name)
+    : context_(std::make_unique<BuildContext>(detail::current_context ? detail::current_context->child(name)
+                                                                      : BuildContext{detail::no_config(), -1, name})),
+      previous_(detail::current_context) {
+  detail::current_context = context_.get();
+}
+
+BuildSubmodule::~BuildSubmodule() { detail::current_context = previous_; }
+
 }  // namespace torchpatch

@@ -41,6 +41,14 @@ void validate_entry(const std::string& key, const ModuleClass& cls, const ClassT
   if (cls.role.empty()) {
     throw PatchError(fmt::format("Replacement class '{}' for '{}' declares no role", cls.name, key));
   }
+  for (const auto* patterns : {&cls.paths.include, &cls.paths.exclude}) {
+    for (const auto& pattern : *patterns) {
+      if (pattern.empty() || (pattern.find_first_not_of("*.") == std::string::npos && pattern != "*")) {
+        throw PatchError(fmt::format("Replacement class '{}' for '{}': module path pattern '{}' names no module",
+                                     cls.name, key, printable(pattern)));
+      }
+    }
+  }
   const std::string expected = classes ? classes->role_of(key) : patch_point_role(key);
   if (!expected.empty() && expected != cls.role) {
     throw PatchError(fmt::format(
@@ -73,12 +81,13 @@ const ModuleClass* PatchMapping::get(const std::string& key) const {
   return nullptr;
 }
 
-std::optional<PatchMapping::Match> PatchMapping::find(const std::string& class_name) const {
+std::optional<PatchMapping::Match> PatchMapping::find(const std::string& class_name, const std::string& path) const {
+  const auto applies = [&](const Entry& entry) { return path.empty() || entry.cls.paths.admits(path); };
   for (const auto& entry : entries_) {
-    if (entry.key == class_name) return Match{&entry, true};
+    if (entry.key == class_name && applies(entry)) return Match{&entry, true};
   }
   for (std::size_t i = 0; i < entries_.size(); ++i) {
-    if (entries_[i].key == class_name) continue;
+    if (entries_[i].key == class_name || !applies(entries_[i])) continue;
     try {
       if (boost::regex_search(class_name, patterns_[i]->regex)) return Match{&entries_[i], false};
     } catch (const std::runtime_error&) {  // Boost gives up on a pattern that backtracks without end
@@ -88,6 +97,17 @@ std::optional<PatchMapping::Match> PatchMapping::find(const std::string& class_n
     }
   }
   return std::nullopt;
+}
+
+std::string PatchMapping::passed_over(const std::string& class_name, const std::string& path) const {
+  std::vector<std::string> reasons;
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    const auto& entry = entries_[i];
+    if (entry.cls.paths.admits(path)) continue;
+    const bool matches = entry.key == class_name || boost::regex_search(class_name, patterns_[i]->regex);
+    if (matches) reasons.push_back(fmt::format("rule '{}' ({}) {}", entry.key, entry.cls.name, entry.cls.paths.why_not(path)));
+  }
+  return fmt::format("{}", fmt::join(reasons, "; "));
 }
 
 void PatchMapping::insert(const Items& items, bool overwrite, const ClassTable* classes) {

@@ -15,6 +15,7 @@ namespace roles {
 
 Attention::~Attention() = default;
 Mlp::~Mlp() = default;
+Linear::~Linear() = default;
 Norm::~Norm() = default;
 DecoderLayer::~DecoderLayer() = default;
 Router::~Router() = default;

@@ -25,9 +25,43 @@ std::shared_ptr<PretrainedModel> construct_model(const ModelConfig& config, cons
     const auto name = arch->front().get<std::string>();
     if (family->model_classes.count(name)) cls = name;
   }
-  if (active_patch_mapping()) return family->model_classes.at(cls)(config);
+  const PatchMapping* active = active_patch_mapping();
+  if (auto quantized = quantized_mapping(config, registries, active ? *active : PatchMapping{})) {
+    ApplyPatches scope(std::move(*quantized), active ? active_patch_tables() : registries.patch_tables());
+    return family->model_classes.at(cls)(config);
+  }
+  if (active) return family->model_classes.at(cls)(config);
   ApplyPatches unpatched(PatchMapping{}, registries.patch_tables());
   return family->model_classes.at(cls)(config);
+}
+
+const nlohmann::json* quantization_config(const ModelConfig& config) {
+  auto it = config.raw.find("quantization_config");
+  if (it == config.raw.end() || it->is_null()) return nullptr;
+  if (!it->is_object()) throw ConfigError(fmt::format("quantization_config: expected an object, got {}", it->dump()));
+  return &*it;
+}
+
+std::optional<PatchMapping> quantized_mapping(const ModelConfig& config, const Registries& registries,
+                                              const PatchMapping& base) {
+  const auto* q = quantization_config(config);
+  if (!q) return std::nullopt;
+  const auto name = q->value("quant_method", nlohmann::json()).is_string() ? (*q)["quant_method"].get<std::string>() : "";
+  const auto method = registries.families().quantization_method(name);
+  if (!method) {
+    const auto known = registries.families().quantization_methods();
+    throw ConfigError(fmt::format("quantization_config.quant_method '{}' is not known here ({}; the bundled plugin "
+                                  "'quantized' provides 'ggml')",
+                                  name, known.empty() ? "none is loaded" : fmt::format("known: {}", fmt::join(known, ", "))));
+  }
+  PatchMapping mapping = base;
+  PatchMapping::Items added;
+  for (auto& item : method->patches(*q)) {
+    if (item.second.origin.builtin()) item.second.origin = method->origin;  // the plugin that provides them
+    if (!mapping.contains(item.first)) added.push_back(std::move(item));  // what the user mapped stays theirs
+  }
+  mapping.insert(added, /*overwrite=*/false, &registries.classes());
+  return mapping;
 }
 
 std::shared_ptr<PretrainedModel> from_config(const ModelConfig& config, const Registries& registries) {
@@ -60,9 +94,12 @@ void check_model_size(const ModelConfig& config, const checkpoint::Checkpoint* w
   const double parameters = config.decoder.parameter_lower_bound();
   if (weights && options.strict) {
     double stored = 0;
+    // Quantized blocks hold more weights than bytes: at most 32 in 18 (Q4_0, the densest format).
+    const double per_byte = quantization_config(config) ? 32.0 / 18.0 : 1.0;
     for (const auto& key : weights->keys()) {
-      double n = 1;
-      for (const int64_t d : weights->info(key).shape) n *= static_cast<double>(d);
+      const auto& info = weights->info(key);
+      double n = info.dtype == checkpoint::Dtype::U8 ? per_byte : 1.0;
+      for (const int64_t d : info.shape) n *= static_cast<double>(d);
       stored += n;
     }
     if (parameters > stored * 1.01 + 4096) {
@@ -158,10 +195,35 @@ ModelConfig preset_config(const std::string& name, const Registries& registries)
       fmt::format("unknown preset '{}' (presets: {})", name, fmt::join(preset_names(registries), ", ")));
 }
 
+namespace {
+
+// A quantized preset: the float preset's random weights, saved and loaded back through the
+// quantized classes' conversion rules, so it holds exactly what quantizing the float preset gives.
+std::shared_ptr<PretrainedModel> quantized_preset(const std::string& name, uint64_t seed, const PretrainedOptions& options) {
+  auto float_options = options;
+  float_options.config_overrides.erase("quantization_config");
+  float_options.dtype.reset();
+  const auto dir = std::filesystem::temp_directory_path() /
+                   fmt::format("torchpatch-preset-{}-{}-{}", name, ::getpid(), reinterpret_cast<std::uintptr_t>(&options));
+  struct Remove {
+    std::filesystem::path dir;
+    ~Remove() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } remove{dir};
+  checkpoint::save_pretrained(*preset_model(name, seed, float_options), dir,
+                              checkpoint::SaveOptions{int64_t{5} * 1000 * 1000 * 1000, &options.registries.conversions()});
+  return from_pretrained(dir, options);
+}
+
+}  // namespace
+
 std::shared_ptr<PretrainedModel> preset_model(const std::string& name, uint64_t seed, const PretrainedOptions& options) {
   const auto& registries = options.registries;
   auto config = with_overrides(preset_config(name, registries), options.config_overrides, "preset " + name, registries);
   check_model_size(config, nullptr, options, "preset " + name);
+  if (quantization_config(config)) return quantized_preset(name, seed, options);
   auto model = from_config(config, registries);
   init_random_weights(*model, seed);
   if (options.dtype) model->to(*options.dtype);

@@ -138,7 +138,8 @@ class PluginHost {
                                                std::vector<RegistrarConversion>& kept) const;
   std::optional<std::string> register_all(const PatchMapping::Items& items,
                                           const std::vector<RegistrarConversion>& conversions,
-                                          std::vector<Family>& families, const Origin& origin, PluginRecord& record);
+                                          std::vector<Family>& families, std::vector<QuantizationMethod>& methods,
+                                          const Origin& origin, PluginRecord& record);
   void refuse_path(const std::filesystem::path& path, PluginMode mode, std::string reason);
   PluginHostOptions options_;
   Registries registries_;

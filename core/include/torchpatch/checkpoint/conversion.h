@@ -35,6 +35,9 @@ class TORCHPATCH_API ConversionOp {
                                  const std::vector<std::string>& targets) const = 0;
   /// The op that undoes this one (used on save).
   virtual std::shared_ptr<ConversionOp> reverse() const = 0;
+  /// Whether the op stores weights in another encoding (quantization): saving keeps its result
+  /// (the blocks) unless asked to decode (SaveOptions::dequantize), when its reverse runs.
+  virtual bool encodes() const { return false; }
 };
 
 using OpPtr = std::shared_ptr<const ConversionOp>;
@@ -61,7 +64,9 @@ struct TORCHPATCH_API WeightRenaming {
 
 /// Converts tensors: keys matching any `sources` pattern are collected per target key and run through
 /// `operations`. One to one, many to one or one to many. In patterns only the literal `.*.` is
-/// "a dot, anything, a dot" (e.g. `experts.*.gate_proj.weight`); every other character is a regex.
+/// "a dot, anything, a dot" (e.g. `experts.*.gate_proj.weight`), and a leading `*.` is one leading
+/// segment (`*.gate_proj.weight` in the rules of an experts class, under its module's path); every
+/// other character is a regex.
 struct TORCHPATCH_API WeightConverter {
   std::vector<std::string> sources;
   std::vector<std::string> targets;

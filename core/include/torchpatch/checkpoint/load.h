@@ -76,14 +76,20 @@ TORCHPATCH_API LoadReport load_weights(Loadable& model, const Checkpoint& checkp
                                        const LoadOptions& options = {});
 
 /// The model's tensors in the hub layout: conversions reversed, tied aliases left out, natural order.
+/// With `keep_encoded`, ops that encode weights (ConversionOp::encodes: quantization) are not
+/// reversed, so quantized blocks are written as they are, under the hub's names.
 TORCHPATCH_API std::vector<std::pair<std::string, at::Tensor>> hub_state_dict(
-    const Loadable& model, const ConversionRegistry& registry = global_conversions());
+    const Loadable& model, const ConversionRegistry& registry = global_conversions(), bool keep_encoded = false);
 
 struct TORCHPATCH_API SaveOptions {
   /// Tensors are split into shards of at most this many bytes (a single larger tensor gets its own).
   int64_t max_shard_bytes = int64_t{5} * 1000 * 1000 * 1000;
   /// The conversion rules reversed to write the hub layout (nullptr: global_conversions()).
   const ConversionRegistry* conversions = nullptr;
+  /// Quantized weights are written back in float and `quantization_config` is left out of
+  /// config.json (the hub layout a float model has). Otherwise they are written as their blocks and
+  /// the config keeps its quantization_config, so the checkpoint loads back as it was.
+  bool dequantize = false;
 };
 
 /// Writes `dir/config.json` and `dir/model.safetensors` (or shards `model-0000i-of-0000n.safetensors`

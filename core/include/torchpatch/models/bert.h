@@ -34,7 +34,7 @@ class TORCHPATCH_API BertSelfAttention : public roles::BertSelfAttention {
   explicit BertSelfAttention(const BuildContext& ctx);
   at::Tensor forward(const at::Tensor& hidden, const BertAttentionInputs& inputs) override;
 
-  std::shared_ptr<nn::Linear> query, key, value;
+  std::shared_ptr<roles::Linear> query, key, value;
   int64_t num_heads;
 };
 
@@ -44,7 +44,7 @@ class TORCHPATCH_API BertCrossAttention : public roles::BertCrossAttention {
   explicit BertCrossAttention(const BuildContext& ctx);
   at::Tensor forward(const at::Tensor& hidden, const BertAttentionInputs& inputs) override;
 
-  std::shared_ptr<nn::Linear> query, key, value;
+  std::shared_ptr<roles::Linear> query, key, value;
   int64_t num_heads;
 };
 
@@ -54,7 +54,7 @@ class TORCHPATCH_API BertSelfOutput : public roles::BertSelfOutput {
   explicit BertSelfOutput(const BuildContext& ctx);
   at::Tensor forward(const at::Tensor& hidden, const at::Tensor& input) override;
 
-  std::shared_ptr<nn::Linear> dense;
+  std::shared_ptr<roles::Linear> dense;
   std::shared_ptr<nn::LayerNorm> LayerNorm;  // NOLINT
 };
 
@@ -75,7 +75,7 @@ class TORCHPATCH_API BertIntermediate : public roles::BertIntermediate {
   explicit BertIntermediate(const BuildContext& ctx);
   at::Tensor forward(const at::Tensor& x) override;
 
-  std::shared_ptr<nn::Linear> dense;
+  std::shared_ptr<roles::Linear> dense;
   nn::Activation act;
 };
 
@@ -85,7 +85,7 @@ class TORCHPATCH_API BertOutput : public roles::BertOutput {
   explicit BertOutput(const BuildContext& ctx);
   at::Tensor forward(const at::Tensor& hidden, const at::Tensor& input) override;
 
-  std::shared_ptr<nn::Linear> dense;
+  std::shared_ptr<roles::Linear> dense;
   std::shared_ptr<nn::LayerNorm> LayerNorm;  // NOLINT
 };
 
@@ -119,7 +119,7 @@ class TORCHPATCH_API BertPooler : public roles::BertPooler {
   explicit BertPooler(const BuildContext& ctx);
   at::Tensor forward(const at::Tensor& hidden) override;
 
-  std::shared_ptr<nn::Linear> dense;
+  std::shared_ptr<roles::Linear> dense;
 };
 
 /// embeddings, encoder, pooler (unless ctx.args "add_pooling_layer" is false). Writes last_hidden_state,
@@ -146,7 +146,7 @@ class TORCHPATCH_API BertLMPredictionHead : public torch::nn::Module {
   BertLMPredictionHead(const ModelConfig& config, const at::Tensor& word_embeddings);
   at::Tensor forward(const at::Tensor& hidden) const;
 
-  std::shared_ptr<nn::Linear> transform_dense;
+  std::shared_ptr<roles::Linear> transform_dense;
   std::shared_ptr<nn::LayerNorm> transform_norm;
   std::shared_ptr<torch::nn::Module> decoder;  ///< holds decoder.weight and decoder.bias
   at::Tensor decoder_weight;  ///< [V, H], the word embedding table itself when tied

@@ -63,7 +63,7 @@ class TORCHPATCH_API FusedQkvAttention : public roles::Attention {
  public:
   FusedQkvAttention(const DecoderConfig& config, bool qkv_bias, bool o_bias);
 
-  std::shared_ptr<nn::Linear> qkv_proj, o_proj;
+  std::shared_ptr<roles::Linear> qkv_proj, o_proj;
 
   /// The split sizes of qkv_proj's output: {nH * hd, nKV * hd, nKV * hd}.
   static std::vector<int64_t> split_sizes(const DecoderConfig& config);
@@ -88,7 +88,7 @@ class TORCHPATCH_API SparseMoeBlock : public roles::Mlp {
   std::shared_ptr<roles::Router> gate;
   std::shared_ptr<roles::Experts> experts;
   std::shared_ptr<roles::Mlp> shared_expert;       ///< null without a shared expert
-  std::shared_ptr<nn::Linear> shared_expert_gate;  ///< [1, H]; null without a shared expert
+  std::shared_ptr<roles::Linear> shared_expert_gate;  ///< [1, H]; null without a shared expert
 };
 
 }  // namespace torchpatch

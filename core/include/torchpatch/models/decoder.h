@@ -45,16 +45,18 @@ class TORCHPATCH_API DecoderModel : public PretrainedModel {
 
 /// The language-model head: logits = hidden @ weight^T (no bias). When embeddings are tied its weight
 /// is the embedding table itself, one tensor, so loading and gradients see a single parameter.
-class TORCHPATCH_API LmHead : public torch::nn::Module {
+/// The output projection of a model whose config ties it to the token embeddings: a float view of
+/// the embedding table, outside the "Linear" patch point (its weight is not in checkpoints). An untied
+/// lm_head is an ordinary Linear patch point at "lm_head".
+class TORCHPATCH_API TiedLmHead : public roles::Linear {
  public:
-  /// An own weight [vocab, hidden].
-  LmHead(int64_t hidden_size, int64_t vocab_size);
-  /// Shares `tied_weight` (the embedding table).
-  explicit LmHead(const at::Tensor& tied_weight);
+  explicit TiedLmHead(const at::Tensor& tied_weight);
 
-  at::Tensor forward(const at::Tensor& hidden) const;
+  at::Tensor forward(const at::Tensor& hidden) override;
+  int64_t in_features() const override { return weight.size(1); }
+  int64_t out_features() const override { return weight.size(0); }
 
-  at::Tensor weight;  ///< [V, H]
+  at::Tensor weight;  ///< [V, H], the embeddings'
 };
 
 /// `XForCausalLM`: model (a DecoderModel) and lm_head, tied to the embeddings when the config says so.
@@ -67,7 +69,7 @@ class TORCHPATCH_API DecoderForCausalLM : public PretrainedModel {
   std::string base_model_prefix() const override { return "model"; }
 
   std::shared_ptr<DecoderModel> model;
-  std::shared_ptr<LmHead> lm_head;
+  std::shared_ptr<roles::Linear> lm_head;  ///< [H -> V]
 
  protected:
   ModelOutput forward_impl(const ModelInputs& inputs) override;

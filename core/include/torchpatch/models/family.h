@@ -22,6 +22,7 @@
 #include "torchpatch/patching/class_table.h"
 #include "torchpatch/patching/module_class.h"
 #include "torchpatch/patching/outputs.h"
+#include "torchpatch/patching/registry.h"
 
 namespace torchpatch {
 
@@ -48,6 +49,17 @@ struct TORCHPATCH_API Family {
   Origin origin;
 };
 
+/// A quantization method, chosen as Hugging Face chooses a quantizer: by the `quant_method` of the
+/// `quantization_config` in a model's config. A config that has one is built with the method's
+/// patches on top of those in force (a key already mapped keeps its mapping), from a checkpoint or
+/// for a preset alike; the conversion rules of its classes quantize float weights as they load.
+struct TORCHPATCH_API QuantizationMethod {
+  std::string name;  ///< the quant_method it answers to, e.g. "ggml"
+  /// The patch mapping entries for `quantization_config`; ConfigError naming what is wrong in it.
+  std::function<PatchMapping::Items(const nlohmann::json& quantization_config)> patches;
+  Origin origin;
+};
+
 /// The families torchpatch can build, by model_type. Adding one registers its patch points, recorders
 /// and conversions in the tables the registry was made with.
 class TORCHPATCH_API FamilyRegistry {
@@ -61,6 +73,15 @@ class TORCHPATCH_API FamilyRegistry {
   /// Registers `family`. A model_type already registered is an Error naming who holds it; a family
   /// without model_type, parser or model classes is an Error. All or nothing.
   void add(Family family);
+  /// A patch point every family shares (Linear), in the class table without a family of its own;
+  /// a clash is a PatchError as for a family's patch points.
+  void add_shared_patch_point(const ModuleClass& cls);
+  /// Adds a quantization method; a name already taken is an Error naming who holds it.
+  void add_quantization_method(QuantizationMethod method);
+  /// The method answering to `quant_method`, or nullptr.
+  std::shared_ptr<const QuantizationMethod> quantization_method(const std::string& quant_method) const;
+  /// The names of the methods there are.
+  std::vector<std::string> quantization_methods() const;
   /// The family of `model_type`, or nullptr.
   std::shared_ptr<const Family> find(const std::string& model_type) const;
   /// Every family, by model_type.
@@ -74,6 +95,7 @@ class TORCHPATCH_API FamilyRegistry {
   checkpoint::ConversionRegistry& conversions_;
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_ptr<const Family>> families_;
+  std::map<std::string, std::shared_ptr<const QuantizationMethod>> quantization_methods_;
 };
 
 /// Adds the families built into libtorchpatch_core (llama, mistral, ..., bert) to `families`.

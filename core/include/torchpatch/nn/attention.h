@@ -53,7 +53,7 @@ class TORCHPATCH_API GqaAttention : public roles::Attention {
  public:
   explicit GqaAttention(const GqaOptions& options);
 
-  std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
+  std::shared_ptr<roles::Linear> q_proj, k_proj, v_proj, o_proj;
   int64_t num_heads;
   int64_t num_key_value_heads;
   int64_t head_dim;

@@ -4,11 +4,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 
 #include "torchpatch/export.h"
+#include "torchpatch/patching/roles.h"
 
 namespace torchpatch::nn {
 
@@ -50,14 +53,22 @@ TORCHPATCH_API DecodeKernel set_decode_kernel(DecodeKernel kernel);
 /// a matrix-vector kernel, where BLAS's matrix-matrix path would pack the whole weight first.
 TORCHPATCH_API at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
 
-class TORCHPATCH_API Linear : public torch::nn::Module {
+/// The built-in class of the "Linear" patch point (roles::Linear).
+class TORCHPATCH_API Linear : public roles::Linear {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias);
-  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor forward(const at::Tensor& x) override;
+  int64_t in_features() const override { return weight.size(1); }
+  int64_t out_features() const override { return weight.size(0); }
 
   at::Tensor weight;  ///< [out_features, in_features]
   at::Tensor bias;    ///< [out_features], undefined without bias
 };
+
+/// Projection `name` of the block being built [in -> out], through the "Linear" patch point (the
+/// block's path and config are the build's; see build_child): nn::Linear unless a patch maps it.
+TORCHPATCH_API std::shared_ptr<roles::Linear> make_linear(const std::string& name, int64_t in_features,
+                                                          int64_t out_features, bool bias);
 
 /// Token embeddings: weight [num_embeddings, embedding_dim].
 class TORCHPATCH_API Embedding : public torch::nn::Module {

@@ -34,7 +34,7 @@ class TORCHPATCH_API GatedMlp : public roles::Mlp {
 
   at::Tensor forward(const at::Tensor& x) override;
 
-  std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
+  std::shared_ptr<roles::Linear> gate_proj, up_proj, down_proj;
   Activation act;
 };
 

@@ -2,6 +2,8 @@
 // weights (the sparse block that joins them is models/blocks.h).
 #pragma once
 
+#include <functional>
+
 #include "torchpatch/export.h"
 
 #include <memory>
@@ -55,6 +57,19 @@ struct TORCHPATCH_API ExpertsOptions {
   Activation act = Activation::kSilu;
   ExpertsImplementation implementation = ExpertsImplementation::kGrouped;
 };
+
+/// One expert's projections for `grouped_experts`: gate_up(e, x [n, H]) -> [n, 2*Im] (gate columns
+/// first), down(e, x [n, Im]) -> [n, H]. How the weights are held is the caller's (float, quantized).
+struct TORCHPATCH_API ExpertProjections {
+  std::function<at::Tensor(int64_t expert, const at::Tensor& x)> gate_up;
+  std::function<at::Tensor(int64_t expert, const at::Tensor& x)> down;
+};
+
+/// The grouped experts loop: token-expert pairs sorted by expert once, each chosen expert's gated MLP
+/// run on its slice, the results weighted and added per token in ascending expert order (the
+/// numbers of Hugging Face's eager loop). hidden [T, H], indices/weights [T, K] -> [T, H].
+TORCHPATCH_API at::Tensor grouped_experts(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights,
+                                          int64_t num_experts, Activation act, const ExpertProjections& projections);
 
 /// `XExperts`: every expert's gated MLP in two stacked parameters, gate_up_proj [E, 2*Im, H] (gate
 /// rows first) and down_proj [E, H, Im]. Two ways to run, same numbers (same order of additions):

@@ -43,11 +43,14 @@ TORCHPATCH_API at::Tensor quantize(QuantFormat format, const at::Tensor& weight,
 TORCHPATCH_API at::Tensor dequantize(QuantFormat format, const at::Tensor& blocks, const std::string& name);
 
 /// How products with quantized weights are computed. Activations are quantized to Q8_0 per row first
-/// (llama.cpp's scheme), so both kernels sum the same int8 products; they differ in float rounding.
+/// (llama.cpp's scheme), so every kernel sums the same int8 products exactly; they differ only in
+/// float rounding (the order the per-block scaled sums are added in).
 enum class QuantKernel {
-  kAuto,    ///< AVX2 where the CPU has it (with FMA and F16C), else scalar (the default)
+  kAuto,    ///< the best this CPU has: AVX-512 VNNI, else AVX2 (with FMA and F16C), else scalar (the default)
   kScalar,  ///< plain C++
   kAvx2,    ///< 32 bytes at a time with maddubs / madd (scalar without AVX2)
+  kAvx512,  ///< AVX-512 VNNI (dpbusd): decoding streams each row once, prefill works in tiles of 4 rows
+            ///< x 4 tokens (kAvx2, else scalar, without AVX-512 F/BW/VL/VNNI)
 };
 
 /// Chooses the kernel for the whole process (tests and benchmarks compare them); returns the previous one.

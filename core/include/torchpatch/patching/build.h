@@ -28,6 +28,19 @@ TORCHPATCH_API std::string suggest_narrower_pattern(const std::string& key, cons
 namespace detail {
 TORCHPATCH_API std::shared_ptr<PatchableModule> build_module(const std::string& key, const char* role,
                                               const BuildContext& ctx);
+TORCHPATCH_API std::shared_ptr<PatchableModule> build_child_module(const std::string& key, const char* role,
+                                                                   const std::string& name, nlohmann::json args);
+
+template <typename Role>
+std::shared_ptr<Role> as_role(const std::shared_ptr<PatchableModule>& module, const std::string& key) {
+  auto typed = std::dynamic_pointer_cast<Role>(module);
+  if (!typed) {
+    throw PatchError("patch point '" + key + "' at " + module->patch_record().path + ": class '" +
+                     module->patch_record().class_name + "' declares role " + Role::kRoleName +
+                     " but does not derive from it");
+  }
+  return typed;
+}
 }  // namespace detail
 
 /// Builds the module for patch point `key`: the replacement the active ApplyPatches scope maps `key`
@@ -35,14 +48,32 @@ TORCHPATCH_API std::shared_ptr<PatchableModule> build_module(const std::string& 
 /// entry, both roles and a narrower pattern.
 template <typename Role>
 std::shared_ptr<Role> build(const std::string& key, const BuildContext& ctx) {
-  auto module = detail::build_module(key, Role::kRoleName, ctx);
-  auto typed = std::dynamic_pointer_cast<Role>(module);
-  if (!typed) {
-    throw PatchError("patch point '" + key + "' at " + ctx.path + ": class '" +
-                     module->patch_record().class_name + "' declares role " + Role::kRoleName +
-                     " but does not derive from it");
-  }
-  return typed;
+  return detail::as_role<Role>(detail::build_module(key, Role::kRoleName, ctx), key);
 }
+
+/// Builds patch point `key` as child `name` of the module whose factory is running on this thread
+/// (its config, layer and path), with constructor arguments `args`: how a block that takes options
+/// (nn/) reaches the door for its own parts, such as its projections. Outside any build the child
+/// gets an empty config and `name` as its path.
+template <typename Role>
+std::shared_ptr<Role> build_child(const std::string& key, const std::string& name,
+                                  nlohmann::json args = nlohmann::json::object()) {
+  return detail::as_role<Role>(detail::build_child_module(key, Role::kRoleName, name, std::move(args)), key);
+}
+
+/// While alive on this thread, build_child names its children under submodule `name` of the module
+/// being built: for a plain module between a patch point and the parts it builds, such as expert `e`
+/// of a list of experts (`experts.3.gate_proj`). Outside a build, `name` becomes the path.
+class TORCHPATCH_API BuildSubmodule {
+ public:
+  explicit BuildSubmodule(const std::string& name);
+  ~BuildSubmodule();
+  BuildSubmodule(const BuildSubmodule&) = delete;
+  BuildSubmodule& operator=(const BuildSubmodule&) = delete;
+
+ private:
+  std::unique_ptr<BuildContext> context_;
+  const BuildContext* previous_;
+};
 
 }  // namespace torchpatch

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
@@ -52,6 +53,9 @@ struct TORCHPATCH_API PatchRecord {
   std::string rule;         ///< "builtin", "exact key" or "pattern 'RX'"
   Origin origin;
   std::string path;  ///< where it was built, e.g. "model.layers.3.mlp.gate"
+  /// Mapping entries for this key that a module-path filter kept away from here, and why
+  /// ("rule 'Linear' (Q8_0Linear) excludes it by 'lm_head'"); "" when none was.
+  std::string passed_over = {};
   /// Whether the module was built through a patch point (a model's own `model` part is not).
   bool built() const { return !key.empty(); }
   bool patched() const { return built() && rule != "builtin"; }
@@ -80,6 +84,25 @@ struct TORCHPATCH_API PatchPoint {
   std::shared_ptr<PatchableModule> module;
 };
 
+/// Which module paths a patch mapping entry applies to, the way quantizers' `modules_to_not_convert`
+/// and Hugging Face's kernel configs select modules. Patterns are globs ('*' any run of characters,
+/// '?' one character); a pattern matches a path when it matches the whole dotted path or a dotted
+/// suffix of it, so "lm_head", "mlp.gate" and "*.mlp.gate" all say what they look like.
+struct TORCHPATCH_API PathFilter {
+  std::vector<std::string> include;  ///< the entry applies only under these (every path when empty)
+  std::vector<std::string> exclude;  ///< ... and never under these
+
+  bool empty() const { return include.empty() && exclude.empty(); }
+  /// Whether the entry applies at `path`.
+  bool admits(const std::string& path) const;
+  /// The pattern of `patterns` that matches `path`, or nullptr.
+  static const std::string* first_match(const std::vector<std::string>& patterns, const std::string& path);
+  /// Why `path` is not admitted: "excludes it by 'lm_head'" or "applies only under [a, b]".
+  std::string why_not(const std::string& path) const;
+  /// "include [a, b], exclude [c]" (the parts that are set).
+  std::string describe() const;
+};
+
 /// A module class: a name, the role it fills and a factory. Replacements and built-ins alike.
 struct TORCHPATCH_API ModuleClass {
   using Factory = std::function<std::shared_ptr<PatchableModule>(const BuildContext&)>;
@@ -87,7 +110,14 @@ struct TORCHPATCH_API ModuleClass {
   std::string role;  ///< role name, e.g. "Attention" (see roles.h)
   Factory factory;
   Origin origin;
+  /// In a patch mapping: the module paths the entry applies to; elsewhere the patch point falls back
+  /// to the next matching entry, then to the built-in class.
+  PathFilter paths = {};
 };
+
+/// `cls` limited to the module paths `include` admits and `exclude` does not.
+TORCHPATCH_API ModuleClass with_paths(ModuleClass cls, std::vector<std::string> include,
+                                      std::vector<std::string> exclude = {});
 
 /// Makes the ModuleClass of an implementation type `Impl` that derives from a role and is
 /// constructible from a BuildContext.

@@ -56,8 +56,13 @@ class TORCHPATCH_API PatchMapping {
   const ModuleClass* get(const std::string& key) const;
 
   /// The replacement for `class_name`: an exact key first, then the first-registered pattern that
-  /// `regex_search`es it (a pattern equal to the name is skipped, as in Python).
-  std::optional<Match> find(const std::string& class_name) const;
+  /// `regex_search`es it (a pattern equal to the name is skipped, as in Python). With a module
+  /// `path`, entries whose PathFilter does not admit it are passed over.
+  std::optional<Match> find(const std::string& class_name, const std::string& path = {}) const;
+
+  /// Why entries matching `class_name` were passed over at module `path` by their PathFilter, e.g.
+  /// "rule 'Linear' excludes lm_head ('lm_head')"; "" when none was.
+  std::string passed_over(const std::string& class_name, const std::string& path) const;
 
   /// Adds or replaces entries, all or nothing (see PatchRegistry::register_patch_mapping).
   void insert(const Items& items, bool overwrite, const ClassTable* classes = nullptr);

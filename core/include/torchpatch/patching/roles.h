@@ -72,6 +72,19 @@ class TORCHPATCH_API Mlp : public PatchableModule {
   virtual at::Tensor forward(const at::Tensor& x) = 0;
 };
 
+/// A projection: [..., in_features] -> [..., out_features]. Every Linear of every family is built
+/// through the patch point "Linear" (nn::Linear is the built-in class), so quantizers and sharded
+/// projections are ordinary replacements. Its constructor arguments arrive as ctx.args
+/// {"in_features", "out_features", "bias"}.
+class TORCHPATCH_API Linear : public PatchableModule {
+ public:
+  static constexpr const char* kRoleName = "Linear";
+  ~Linear() override;
+  virtual at::Tensor forward(const at::Tensor& x) = 0;
+  virtual int64_t in_features() const = 0;
+  virtual int64_t out_features() const = 0;
+};
+
 /// Normalisation over the last dimension: [..., H] -> [..., H].
 class TORCHPATCH_API Norm : public PatchableModule {
  public:

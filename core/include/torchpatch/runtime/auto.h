@@ -60,6 +60,16 @@ TORCHPATCH_API std::shared_ptr<PretrainedModel> from_pretrained(const std::files
                                                                 checkpoint::LoadReport* report = nullptr);
 
 
+/// The config's `quantization_config` object, or nullptr when it has none (ConfigError when it is
+/// not an object).
+TORCHPATCH_API const nlohmann::json* quantization_config(const ModelConfig& config);
+
+/// `base` with the patches of the quantization method the config's `quantization_config` names added
+/// for the keys `base` does not map; nullopt for a config without one. A method no loaded plugin
+/// provides is a ConfigError naming it. from_config and from_pretrained build through this.
+TORCHPATCH_API std::optional<PatchMapping> quantized_mapping(const ModelConfig& config, const Registries& registries,
+                                                             const PatchMapping& base);
+
 /// Built-in tiny models with fixed seeds, runnable without downloads: the presets of every family.
 TORCHPATCH_API std::vector<std::string> preset_names(const Registries& registries = default_registries());
 /// The config of preset `name` (throws ConfigError listing the presets for an unknown name).

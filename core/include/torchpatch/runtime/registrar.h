@@ -34,6 +34,10 @@ class TORCHPATCH_API Registrar {
   /// already provides is a conflict that refuses the plugin.
   virtual void add_family(Family family) = 0;
 
+  /// A quantization method (models/family.h): models whose config has a `quantization_config`
+  /// naming it are built with its patches. Available however the plugin is loaded; a name another
+  /// plugin already provides is a conflict that refuses the plugin.
+  virtual void add_quantization_method(QuantizationMethod method) = 0;
   /// Shorthand, in the same order: the ModuleClass of `Impl` (constructible from a BuildContext)
   /// named `class_name`, offered for `keys`.
   template <typename Impl>

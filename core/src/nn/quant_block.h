@@ -1,0 +1,34 @@
+// Internal: the byte layout of GGUF's Q8_0 and Q4_0 blocks (nn/quant.h), shared by the reference
+// quantizer (quant_formats.cpp) and the product kernels (quant_kernels.cpp).
+//
+//   Q8_0  [d: fp16, little-endian][32 x int8]                       34 bytes
+//   Q4_0  [d: fp16, little-endian][16 bytes: q[j] | q[j + 16] << 4]  18 bytes
+#pragma once
+
+#include <cstdint>
+
+#include <c10/util/Half.h>
+
+#include "torchpatch/nn/quant.h"
+
+namespace torchpatch::nn::block {
+
+constexpr int64_t kScaleBytes = 2;                                        ///< the fp16 scale first
+constexpr int64_t kQ8_0Bytes = kScaleBytes + kQuantBlockSize;             ///< 34
+constexpr int64_t kQ4_0Bytes = kScaleBytes + kQuantBlockSize / 2;         ///< 18
+
+constexpr int64_t bytes_of(QuantFormat format) { return format == QuantFormat::kQ8_0 ? kQ8_0Bytes : kQ4_0Bytes; }
+
+/// The fp16 scale at `p` (a block's first two bytes), as float32.
+inline float load_half(const uint8_t* p) {
+  return c10::detail::fp16_ieee_to_fp32_value(static_cast<uint16_t>(p[0] | p[1] << 8));
+}
+
+/// Writes `value` rounded to fp16 (nearest even, as numpy's astype(float16)) at `p`, little-endian.
+inline void store_half(uint8_t* p, float value) {
+  const uint16_t bits = c10::Half(value).x;
+  p[0] = static_cast<uint8_t>(bits & 0xff);
+  p[1] = static_cast<uint8_t>(bits >> 8);
+}
+
+}  // namespace torchpatch::nn::block

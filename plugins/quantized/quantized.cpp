@@ -1,0 +1,284 @@
+// quantized: projections and MoE experts with GGUF's Q8_0 / Q4_0 weights (nn/quant.h), and the
+// quantization method "ggml" that builds them for any config whose `quantization_config` names it:
+//
+//   "quantization_config": {"quant_method": "ggml", "format": "q4_0",
+//                            "modules_to_not_convert": ["shared_expert_gate"],
+//                            "module_formats": {"lm_head": "q8_0"}}
+//
+// Every Linear patch point becomes Q8_0Linear / Q4_0Linear (module_formats picks another format by
+// module path, modules_to_not_convert keeps a projection in float), the fused experts of Qwen2-MoE
+// and Qwen3-MoE become Q8_0Experts / Q4_0Experts (each expert quantized along its input dimension).
+// Routers, norms and embeddings are not Linear patch points and stay in float. Float weights are
+// quantized one tensor at a time as they load (the classes' conversion rules); a quantized
+// checkpoint's blocks load as they are; saving reverses the rules and writes the hub layout in float
+// unless asked to keep the blocks.
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include "torchpatch/error.h"
+#include "torchpatch/models/blocks.h"
+#include "torchpatch/nn/linear.h"
+#include "torchpatch/nn/moe.h"
+#include "torchpatch/nn/quant.h"
+#include "torchpatch/plugin_api.h"
+
+namespace {
+
+using torchpatch::BuildContext;
+using torchpatch::ConfigError;
+using torchpatch::nn::QuantFormat;
+namespace checkpoint = torchpatch::checkpoint;
+
+constexpr const char* kMethod = "ggml";
+
+// -- conversion ops -------------------------------------------------------------------------------------
+
+// Float weights [..., in] -> blocks [..., in / 32 * bytes]; blocks (uint8) pass as they are, so a
+// quantized checkpoint loads through the same rule (the loader checks their shape).
+class QuantizeOp : public checkpoint::ConversionOp {
+ public:
+  explicit QuantizeOp(QuantFormat format) : format_(format) {}
+  std::string name() const override { return fmt::format("Quantize({})", torchpatch::nn::format_name(format_)); }
+  checkpoint::PatternTensors convert(checkpoint::PatternTensors inputs, const std::vector<std::string>&,
+                                     const std::vector<std::string>& targets) const override;
+  std::shared_ptr<checkpoint::ConversionOp> reverse() const override;
+  bool encodes() const override { return true; }
+
+ private:
+  QuantFormat format_;
+};
+
+// Blocks -> float32 weights (saving the hub layout).
+class DequantizeOp : public checkpoint::ConversionOp {
+ public:
+  explicit DequantizeOp(QuantFormat format) : format_(format) {}
+  std::string name() const override { return fmt::format("Dequantize({})", torchpatch::nn::format_name(format_)); }
+  checkpoint::PatternTensors convert(checkpoint::PatternTensors inputs, const std::vector<std::string>&,
+                                     const std::vector<std::string>& targets) const override {
+    auto& tensors = inputs.at(0).second;
+    for (auto& t : tensors) t = torchpatch::nn::dequantize(format_, t, targets.at(0));
+    return {{targets.at(0), std::move(tensors)}};
+  }
+  std::shared_ptr<checkpoint::ConversionOp> reverse() const override { return std::make_shared<QuantizeOp>(format_); }
+
+ private:
+  QuantFormat format_;
+};
+
+checkpoint::PatternTensors QuantizeOp::convert(checkpoint::PatternTensors inputs, const std::vector<std::string>&,
+                                               const std::vector<std::string>& targets) const {
+  auto& tensors = inputs.at(0).second;
+  for (auto& t : tensors) {
+    if (t.scalar_type() != at::kByte) t = torchpatch::nn::quantize(format_, t, targets.at(0));
+  }
+  return {{targets.at(0), std::move(tensors)}};
+}
+
+std::shared_ptr<checkpoint::ConversionOp> QuantizeOp::reverse() const { return std::make_shared<DequantizeOp>(format_); }
+
+checkpoint::OpPtr quantize_op(QuantFormat format) { return std::make_shared<QuantizeOp>(format); }
+
+// -- shared ---------------------------------------------------------------------------------------------
+
+// A weight's blocks: uninitialised under SkipInit (a checkpoint fills them), else `init`'s float
+// values quantized.
+at::Tensor new_blocks(QuantFormat format, std::vector<int64_t> float_shape, const std::string& name) {
+  if (torchpatch::nn::SkipInit::active()) {
+    auto shape = float_shape;
+    shape.back() = shape.back() / torchpatch::nn::kQuantBlockSize * torchpatch::nn::block_bytes(format);
+    return at::empty(shape, at::kByte);
+  }
+  return torchpatch::nn::quantize(format, torchpatch::nn::new_parameter(float_shape), name);
+}
+
+void check_quantizable(QuantFormat format, int64_t in_features, const std::string& tensor) {
+  if (in_features % torchpatch::nn::kQuantBlockSize != 0 || in_features <= 0) {
+    throw ConfigError(fmt::format("{} has {} input features, not a multiple of 32, so {} cannot quantize it; keep its "
+                                  "module in float (quantization_config.modules_to_not_convert)",
+                                  tensor, in_features, torchpatch::nn::format_name(format)));
+  }
+}
+
+// x in any float dtype -> float32 for the kernels, and the result back to x's dtype.
+template <typename Fn>
+at::Tensor in_float(const at::Tensor& x, Fn&& fn) {
+  if (x.scalar_type() == at::kFloat) return fn(x.contiguous());
+  return fn(x.to(at::kFloat).contiguous()).to(x.scalar_type());
+}
+
+// Quantized modules keep their blocks as they are when a model changes dtype; only float parts follow.
+#define TORCHPATCH_KEEP_BLOCKS_ON_DTYPE_CHANGE                                                          \
+  using torch::nn::Module::to;                                                                          \
+  void to(torch::Dtype dtype, bool non_blocking = false) override { convert_float_parts(dtype, non_blocking); } \
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override {              \
+    if (!device.is_cpu()) throw torchpatch::InputError("quantized modules run on the CPU only");       \
+    convert_float_parts(dtype, non_blocking);                                                           \
+  }
+
+// -- Linear -----------------------------------------------------------------------------------------------
+
+template <QuantFormat F>
+class QuantizedLinear : public torchpatch::roles::Linear {
+ public:
+  explicit QuantizedLinear(const BuildContext& ctx)
+      : in_(ctx.arg("in_features", -1)), out_(ctx.arg("out_features", -1)) {
+    check_quantizable(F, in_, ctx.path + ".weight");
+    weight = register_parameter("weight", new_blocks(F, {out_, in_}, ctx.path + ".weight"), /*requires_grad=*/false);
+    if (ctx.flag("bias", false)) bias = register_parameter("bias", torchpatch::nn::new_parameter({out_}, true));
+  }
+
+  at::Tensor forward(const at::Tensor& x) override {
+    return in_float(x, [&](const at::Tensor& x32) {
+      return torchpatch::nn::quant_linear(F, x32, weight, out_, bias.defined() ? bias.to(at::kFloat) : bias);
+    });
+  }
+  int64_t in_features() const override { return in_; }
+  int64_t out_features() const override { return out_; }
+  TORCHPATCH_KEEP_BLOCKS_ON_DTYPE_CHANGE
+
+  at::Tensor weight;  ///< uint8 [out, in / 32 * block bytes]
+  at::Tensor bias;    ///< float [out] or undefined
+
+ private:
+  void convert_float_parts(torch::Dtype dtype, bool non_blocking) {
+    if (bias.defined()) bias.set_data(bias.to(dtype, non_blocking));
+  }
+  int64_t in_, out_;
+};
+
+checkpoint::ConversionRules linear_rules(QuantFormat format) {
+  return {checkpoint::WeightConverter{{"weight"}, {"weight"}, {quantize_op(format)}}};
+}
+
+// -- Experts ----------------------------------------------------------------------------------------------
+
+// Qwen2-MoE / Qwen3-MoE experts with every expert's gate_up_proj [E, 2*Im, H] and down_proj [E, H, Im]
+// quantized along its input dimension, run by the shared grouped loop.
+template <QuantFormat F>
+class QuantizedExperts : public torchpatch::roles::Experts {
+ public:
+  explicit QuantizedExperts(const BuildContext& ctx) {
+    const auto options = torchpatch::experts_options(torchpatch::model_config(ctx).decoder);
+    num_experts_ = options.num_experts;
+    intermediate_ = options.intermediate_size;
+    hidden_ = options.hidden_size;
+    act_ = options.act;
+    check_quantizable(F, hidden_, ctx.path + ".gate_up_proj");
+    check_quantizable(F, intermediate_, ctx.path + ".down_proj");
+    gate_up_proj = register_parameter(
+        "gate_up_proj", new_blocks(F, {num_experts_, 2 * intermediate_, hidden_}, ctx.path + ".gate_up_proj"), false);
+    down_proj = register_parameter(
+        "down_proj", new_blocks(F, {num_experts_, hidden_, intermediate_}, ctx.path + ".down_proj"), false);
+  }
+  TORCHPATCH_KEEP_BLOCKS_ON_DTYPE_CHANGE
+
+  at::Tensor gate_up_proj;  ///< uint8 [E, 2*Im, H / 32 * block bytes]
+  at::Tensor down_proj;     ///< uint8 [E, H, Im / 32 * block bytes]
+
+ protected:
+  at::Tensor forward_impl(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights) override {
+    const torchpatch::nn::ExpertProjections projections{
+        [&](int64_t e, const at::Tensor& x) { return torchpatch::nn::quant_linear(F, x, gate_up_proj[e], 2 * intermediate_); },
+        [&](int64_t e, const at::Tensor& x) { return torchpatch::nn::quant_linear(F, x, down_proj[e], hidden_); }};
+    return in_float(hidden, [&](const at::Tensor& h32) {
+      return torchpatch::nn::grouped_experts(h32, indices, weights.to(at::kFloat), num_experts_, act_, projections);
+    });
+  }
+  int64_t expert_count() const override { return num_experts_; }
+
+ private:
+  void convert_float_parts(torch::Dtype, bool) {}
+  int64_t num_experts_ = 0, intermediate_ = 0, hidden_ = 0;
+  torchpatch::nn::Activation act_ = torchpatch::nn::Activation::kSilu;
+};
+
+// The hub's per-expert weights, stacked and quantized (the family's fusing rules, then Quantize).
+checkpoint::ConversionRules experts_rules(QuantFormat format) {
+  using namespace checkpoint;
+  return {WeightConverter{{"*.gate_proj.weight", "*.up_proj.weight"},
+                          {"gate_up_proj"},
+                          {MergeModulelist(0), Concatenate(1), quantize_op(format)}},
+          WeightConverter{{"*.down_proj.weight"}, {"down_proj"}, {MergeModulelist(0), quantize_op(format)}}};
+}
+
+// -- the "ggml" quantization method --------------------------------------------------------------------
+
+template <QuantFormat F>
+torchpatch::ModuleClass linear_class() {
+  return torchpatch::module_class<QuantizedLinear<F>>(F == QuantFormat::kQ8_0 ? "Q8_0Linear" : "Q4_0Linear");
+}
+
+template <QuantFormat F>
+torchpatch::ModuleClass experts_class() {
+  return torchpatch::module_class<QuantizedExperts<F>>(F == QuantFormat::kQ8_0 ? "Q8_0Experts" : "Q4_0Experts");
+}
+
+QuantFormat format_field(const nlohmann::json& value, const std::string& field) {
+  const auto format = value.is_string() ? torchpatch::nn::parse_quant_format(value.get<std::string>()) : std::nullopt;
+  if (!format) {
+    throw ConfigError(fmt::format("quantization_config.{}: {} is not a format of quant_method '{}' (q8_0, q4_0)",
+                                  field, value.dump(), kMethod));
+  }
+  return *format;
+}
+
+std::vector<std::string> string_list(const nlohmann::json& config, const char* field) {
+  auto it = config.find(field);
+  if (it == config.end() || it->is_null()) return {};
+  std::vector<std::string> out;
+  if (it->is_array()) {
+    for (const auto& v : *it) {
+      if (!v.is_string()) break;
+      out.push_back(v.get<std::string>());
+    }
+    if (out.size() == it->size()) return out;
+  }
+  throw ConfigError(fmt::format("quantization_config.{}: expected a list of module path patterns, got {}", field,
+                                it->dump()));
+}
+
+torchpatch::ModuleClass of_format(QuantFormat format, bool experts) {
+  if (experts) return format == QuantFormat::kQ8_0 ? experts_class<QuantFormat::kQ8_0>() : experts_class<QuantFormat::kQ4_0>();
+  return format == QuantFormat::kQ8_0 ? linear_class<QuantFormat::kQ8_0>() : linear_class<QuantFormat::kQ4_0>();
+}
+
+// {"Linear": the format's class (minus what is kept in float or given another format), "^Linear$":
+// the other format where module_formats asks for it, the experts of both MoE families}.
+torchpatch::PatchMapping::Items ggml_patches(const nlohmann::json& config) {
+  const auto format = format_field(config.contains("format") ? config["format"] : nlohmann::json(), "format");
+  auto keep = string_list(config, "modules_to_not_convert");
+  std::vector<std::string> other_paths;
+  std::optional<QuantFormat> other;
+  if (auto it = config.find("module_formats"); it != config.end() && !it->is_null()) {
+    if (!it->is_object()) throw ConfigError("quantization_config.module_formats: expected {\"pattern\": \"q8_0\", ...}");
+    for (const auto& [pattern, value] : it->items()) {
+      const auto f = format_field(value, "module_formats." + pattern);
+      if (f == format) continue;
+      other = f;
+      other_paths.push_back(pattern);
+    }
+  }
+  auto main_excludes = keep;
+  main_excludes.insert(main_excludes.end(), other_paths.begin(), other_paths.end());
+  torchpatch::PatchMapping::Items items{{"Linear", torchpatch::with_paths(of_format(format, false), {}, main_excludes)}};
+  if (other) items.emplace_back("^Linear$", torchpatch::with_paths(of_format(*other, false), other_paths, keep));
+  for (const char* experts : {"Qwen2MoeExperts", "Qwen3MoeExperts"}) {
+    items.emplace_back(experts, torchpatch::with_paths(of_format(format, true), {}, keep));
+  }
+  return items;
+}
+
+void register_plugin(torchpatch::Registrar& registrar) {
+  for (const auto format : {QuantFormat::kQ8_0, QuantFormat::kQ4_0}) {
+    const auto linear = of_format(format, false), experts = of_format(format, true);
+    registrar.add_replacement(linear, {});
+    registrar.add_replacement(experts, {});
+    registrar.add_conversion(linear.name, [format](const torchpatch::Config&) { return linear_rules(format); });
+    registrar.add_conversion(experts.name, [format](const torchpatch::Config&) { return experts_rules(format); });
+  }
+  registrar.add_quantization_method({kMethod, ggml_patches, {}});
+}
+
+}  // namespace
+
+TORCHPATCH_PLUGIN("quantized", "1.0.0", register_plugin)
