@@ -275,6 +275,16 @@ TEST_CASE("cli: --quantize on run, plan and save", "[quant][cli]") {
   const auto reload = torchpatch_cli("plan --model " + dir.path.string());
   CHECK_THAT(reload.out, Contains("Linear -> Q8_0Linear"));
 
+  const auto verify = torchpatch_cli("verify --model " + testutil::llama_dir() + " --inputs " + testutil::llama_dir() +
+                                     "/reference.safetensors --quantize q8_0");
+  INFO(verify.out);
+  CHECK(verify.code == 0);
+  CHECK_THAT(verify.out, Contains("next-token distributions: KL(original || patched) mean") && Contains("PASS"));
+  const auto strict = torchpatch_cli("verify --model " + testutil::llama_dir() + " --inputs " + testutil::llama_dir() +
+                                     "/reference.safetensors --quantize q4_0 --max-kl 0.001");
+  CHECK(strict.code == 1);
+  CHECK_THAT(strict.out, Contains("FAIL"));
+
   const auto bad = torchpatch_cli("run --model " + testutil::llama_dir() + " --prompt-ids 1 --quantize q3_k");
   CHECK(bad.code != 0);
   CHECK_THAT(bad.out, Contains("--quantize: 'q3_k' is not one of q8_0, q4_0"));
