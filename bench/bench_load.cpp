@@ -4,7 +4,10 @@
 //   read       read() the safetensors bytes from the page cache into memory (the baseline)
 //   load       from_pretrained(DIR)
 //   load-fused from_pretrained(DIR) with FusedQKVAttention patched in (q/k/v concatenated on load)
+//   load-q8_0  from_pretrained(DIR) quantized to Q8_0 as it loads (the bundled plugin `quantized`)
 //   idle       nothing: the resident memory of the process itself (LibTorch and this program)
+// then, on DIR-q8_0 (that model saved as its blocks, generated if missing), read and load again: a
+// quantized checkpoint's load against reading its bytes.
 //   finite     the loader's finiteness check alone: aminmax over every tensor of the mapped file,
 //              timed on a second pass, so the page faults a load pays anyway are not counted
 // Every mode ends by reading every weight once (a sum), so lazily mapped pages are paid for too.
@@ -50,6 +53,10 @@ double touch(const torchpatch::PretrainedModel& model) {
   return total;
 }
 
+nlohmann::json q8_0_config() {
+  return {{"quant_method", "ggml"}, {"format", "q8_0"}, {"modules_to_not_convert", nlohmann::json::array()}};
+}
+
 // "seconds checksum peak_rss_kb" of this process.
 void print_measurement(double seconds, double checksum) {
   struct rusage usage {};
@@ -89,12 +96,15 @@ int measure(const std::string& mode, const fs::path& dir, const fs::path& plugin
   } else {
     std::optional<torchpatch::ApplyPatches> scope;
     static torchpatch::PluginHost host;
+    host.load_file(plugin_dir / "quantized.so", torchpatch::PluginMode::Catalogue);  // quantized checkpoints
+    torchpatch::PretrainedOptions options;
+    if (mode == "load-q8_0") options.config_overrides["quantization_config"] = q8_0_config();
     if (mode == "load-fused") {
       host.load_file(plugin_dir / "fused_qkv_attention.so", torchpatch::PluginMode::Catalogue);
       scope.emplace(torchpatch::PatchMapping({{"LlamaAttention", *host.find_class("FusedQKVAttention")}}));
     }
     const auto plugin_time = Clock::now();
-    auto model = torchpatch::from_pretrained(dir);
+    auto model = torchpatch::from_pretrained(dir, options);
     checksum = touch(*model);
     print_measurement(std::chrono::duration<double>(Clock::now() - plugin_time).count(), checksum);
     return 0;
@@ -140,17 +150,30 @@ int main(int argc, char** argv) {
   std::cout << fmt::format("checkpoint: {:.0f} MB, best of {} runs each, page cache warm\n", size_mb, runs);
 
   std::map<std::string, Result> best;
-  for (const std::string mode : {"idle", "read", "finite", "load", "load-fused"}) {
-    run_child(self, mode, dir);  // warm-up: page cache and code
+  const auto timed = [&](const std::string& mode, const fs::path& where, const std::string& label) {
+    run_child(self, mode, where);  // warm-up: page cache and code
     Result result{1e9, 0};
     for (int i = 0; i < runs; ++i) {
-      const auto r = run_child(self, mode, dir);
+      const auto r = run_child(self, mode, where);
       result.seconds = std::min(result.seconds, r.seconds);
       result.peak_mb = std::max(result.peak_mb, r.peak_mb);
     }
-    best[mode] = result;
-    std::cout << fmt::format("  {:<11} {:7.3f} s   peak RSS {:6.0f} MB\n", mode, result.seconds, result.peak_mb);
+    best[label] = result;
+    std::cout << fmt::format("  {:<15} {:7.3f} s   peak RSS {:6.0f} MB\n", label, result.seconds, result.peak_mb);
+  };
+  for (const std::string mode : {"idle", "read", "finite", "load", "load-fused", "load-q8_0"}) timed(mode, dir, mode);
+  const fs::path quantized_dir = dir.string() + "-q8_0";
+  if (!fs::exists(quantized_dir / "model.safetensors")) {
+    torchpatch::PluginHost host;
+    host.load_file(plugin_dir / "quantized.so", torchpatch::PluginMode::Catalogue);
+    torchpatch::PretrainedOptions options;
+    options.config_overrides["quantization_config"] = q8_0_config();
+    torchpatch::checkpoint::save_pretrained(*torchpatch::from_pretrained(dir, options), quantized_dir);
   }
+  std::cout << fmt::format("quantized checkpoint {}: {:.0f} MB\n", quantized_dir.string(),
+                           fs::file_size(quantized_dir / "model.safetensors") / 1e6);
+  timed("read", quantized_dir, "q8_0 read");
+  timed("load", quantized_dir, "q8_0 load");
   const double read = best["read"].seconds;
   std::cout << fmt::format("load / read:        {:.2f}x (target <= 1.5)\n", best["load"].seconds / read);
   std::cout << fmt::format("finiteness check:   {:.0f} ms of a {:.0f} ms load ({:.0f}%; pages mapped already)\n",
@@ -160,5 +183,7 @@ int main(int argc, char** argv) {
                            best["load"].peak_mb / size_mb, best["idle"].peak_mb,
                            (best["load"].peak_mb - best["idle"].peak_mb) / size_mb);
   std::cout << fmt::format("fused / plain load: {:.2f}x (target <= 1.10)\n", best["load-fused"].seconds / best["load"].seconds);
+  std::cout << fmt::format("quantize on load:   {:.2f}x the float load\n", best["load-q8_0"].seconds / best["load"].seconds);
+  std::cout << fmt::format("q8_0 load / read:   {:.2f}x (target <= 1.2)\n", best["q8_0 load"].seconds / best["q8_0 read"].seconds);
   return 0;
 }
