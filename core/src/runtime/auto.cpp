@@ -1,5 +1,6 @@
 #include "torchpatch/runtime/auto.h"
 
+#include <atomic>
 #include <cmath>
 #include <optional>
 
@@ -46,7 +47,8 @@ std::optional<PatchMapping> quantized_mapping(const ModelConfig& config, const R
                                               const PatchMapping& base) {
   const auto* q = quantization_config(config);
   if (!q) return std::nullopt;
-  const auto name = q->value("quant_method", nlohmann::json()).is_string() ? (*q)["quant_method"].get<std::string>() : "";
+  const auto field = q->find("quant_method");
+  const std::string name = field != q->end() && field->is_string() ? field->get<std::string>() : "";
   const auto method = registries.families().quantization_method(name);
   if (!method) {
     const auto known = registries.families().quantization_methods();
@@ -197,6 +199,8 @@ ModelConfig preset_config(const std::string& name, const Registries& registries)
 
 namespace {
 
+std::atomic<int> next_preset_dir{0};  // one directory per build, whatever the threads
+
 // A quantized preset: the float preset's random weights, saved and loaded back through the
 // quantized classes' conversion rules, so it holds exactly what quantizing the float preset gives.
 std::shared_ptr<PretrainedModel> quantized_preset(const std::string& name, uint64_t seed, const PretrainedOptions& options) {
@@ -204,7 +208,7 @@ std::shared_ptr<PretrainedModel> quantized_preset(const std::string& name, uint6
   float_options.config_overrides.erase("quantization_config");
   float_options.dtype.reset();
   const auto dir = std::filesystem::temp_directory_path() /
-                   fmt::format("torchpatch-preset-{}-{}-{}", name, ::getpid(), reinterpret_cast<std::uintptr_t>(&options));
+                   fmt::format("torchpatch-preset-{}-{}-{}", name, ::getpid(), next_preset_dir++);
   struct Remove {
     std::filesystem::path dir;
     ~Remove() {
