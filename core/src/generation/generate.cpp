@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/InferenceMode.h>
 #include <fmt/format.h>
 
 #include "torchpatch/error.h"
@@ -126,7 +127,10 @@ GenerationOutput generate(PretrainedModel& model, const at::Tensor& input_ids, c
   const auto start = Clock::now();
   int64_t step = 0;
   while (step < config.max_new_tokens) {
-    const auto result = model.forward(in);
+    const auto result = [&] {
+      c10::InferenceMode inference;  // no autograd or version-counter bookkeeping per op
+      return model.forward(in);
+    }();
     if (!result.logits.defined()) {
       throw InputError(fmt::format("{} has no language-model head: generate needs a *ForCausalLM model",
                                    model.class_name()));

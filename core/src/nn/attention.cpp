@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include "nn/attention_decode.h"
 #include "torchpatch/nn/rms_norm.h"
 #include "torchpatch/nn/rotary.h"
 
@@ -12,6 +13,7 @@ namespace torchpatch::nn {
 at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const at::Tensor& mask, double scaling, at::Tensor* weights_out, bool upcast_softmax,
                            std::optional<double> softcap) {
+  if (!weights_out && decode_attention_applies(q, k, v, mask)) return decode_attention(q, k, v, mask, scaling, softcap);
   const auto b = q.size(0), heads = q.size(1), len = q.size(2), hd = q.size(3);
   const auto kv_heads = k.size(1), kv_len = k.size(2);
   const int64_t groups = heads / kv_heads;

@@ -41,7 +41,9 @@ struct TORCHPATCH_API GenerationConfig {
 struct TORCHPATCH_API GenerationOutput {
   at::Tensor sequences;            ///< [B, prompt + new] int64: the prompt (as given, padding included), then new tokens
   std::vector<at::Tensor> logits;  ///< per step, [B, V] float (with output_logits)
-  /// Per step (0 = the prompt), the captured outputs by name (with GenerationConfig::outputs).
+  /// Per step (0 = the prompt), the captured outputs by name (with GenerationConfig::outputs). The
+  /// steps run under c10::InferenceMode, so these are inference tensors: clone one before changing
+  /// it in place outside InferenceMode.
   std::vector<std::map<std::string, std::vector<at::Tensor>>> captured;
   int64_t prompt_tokens = 0;       ///< B * prompt length
   int64_t new_tokens = 0;          ///< tokens generated per row
