@@ -1,5 +1,6 @@
 // The decoding fast paths against LibTorch's ops: attention over a cache for a few query rows (taken
-// whenever no attention weights are asked for) against the matmul path (taken when they are).
+// whenever no attention weights are asked for) against the matmul path (taken when they are);
+// RMSNorm and the rotary embedding in one pass against their formulas in LibTorch ops.
 #include "test_prelude.h"
 
 #include <limits>
@@ -7,6 +8,8 @@
 
 #include "test_util.h"
 #include "torchpatch/nn/attention.h"
+#include "torchpatch/nn/rms_norm.h"
+#include "torchpatch/nn/rotary.h"
 
 using torchpatch::nn::eager_attention;
 
@@ -46,5 +49,34 @@ TEST_CASE("attention for a few query rows equals the matmul path: grouped heads,
     CHECK(testutil::close("attention " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " heads, " +
                               std::to_string(c.len) + " x " + std::to_string(c.kv_len),
                           actual, expected, {}, 1e-5, 1e-5));
+  }
+}
+
+TEST_CASE("one-pass RMSNorm equals its formula, Llama's and Gemma's forms", "[kernels][rmsnorm]") {
+  at::manual_seed(6);
+  for (const bool unit_offset : {false, true}) {
+    torchpatch::nn::RmsNorm norm(96, 1e-6, unit_offset);
+    norm.weight.data().copy_(at::randn({96}));
+    const auto x = at::randn({2, 5, 96}) * 3;
+    const auto h = x * at::rsqrt(x.pow(2).mean(-1, true) + 1e-6);
+    const auto expected = unit_offset ? h * (1.0 + norm.weight) : norm.weight * h;
+    at::NoGradGuard no_grad;
+    CHECK(testutil::close(unit_offset ? "rmsnorm (1 + w)" : "rmsnorm w", norm.forward(x), expected, {}, 1e-6, 1e-6));
+  }
+}
+
+TEST_CASE("one-pass rotary embedding equals x cos + rotate_half(x) sin, full and partial", "[kernels][rope]") {
+  at::manual_seed(7);
+  for (const int64_t rot : {64, 32}) {
+    // [B, Q, H, hd] transposed to [B, H, Q, hd], as attention hands it over
+    const auto x = at::randn({2, 3, 4, 64}).transpose(1, 2);
+    const auto angles = at::randn({2, 3, rot / 2});
+    const auto cos = at::cat({angles, angles}, -1).cos(), sin = at::cat({angles, angles}, -1).sin();
+    const auto x_rot = x.narrow(-1, 0, rot);
+    const auto rotated = x_rot * cos.unsqueeze(1) +
+                         at::cat({-x_rot.narrow(-1, rot / 2, rot / 2), x_rot.narrow(-1, 0, rot / 2)}, -1) * sin.unsqueeze(1);
+    const auto expected = rot == 64 ? rotated : at::cat({rotated, x.narrow(-1, rot, 64 - rot)}, -1);
+    CHECK(testutil::close("rotary " + std::to_string(rot) + " of 64", torchpatch::nn::apply_rotary(x, cos, sin), expected,
+                          {}, 0, 0));
   }
 }

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include "nn/fused_ops.h"
 #include "torchpatch/nn/linear.h"
 
 namespace torchpatch::nn {
@@ -12,6 +13,7 @@ RmsNorm::RmsNorm(int64_t hidden_size, double eps, bool unit_offset)
 }
 
 at::Tensor RmsNorm::forward(const at::Tensor& x) {
+  if (x.dim() > 0 && fused_ops_apply({&x, &weight})) return fused_rms_norm(x, weight, variance_epsilon, unit_offset);
   const auto input_dtype = x.scalar_type();
   const auto reduced = reduction_type(input_dtype);
   auto h = x.to(reduced);

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include "nn/fused_ops.h"
 #include "torchpatch/error.h"
 
 namespace torchpatch::nn {
@@ -171,6 +172,10 @@ std::pair<at::Tensor, at::Tensor> RotaryEmbedding::forward(const at::Tensor& pos
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t rot = cos.size(-1);
   const int64_t hd = x.size(-1);
+  if (x.dim() == 4 && cos.dim() == 3 && rot % 2 == 0 && rot <= hd && cos.size(0) == x.size(0) &&
+      cos.size(1) == x.size(2) && sin.sizes() == cos.sizes() && fused_ops_apply({&x, &cos, &sin})) {
+    return fused_rotary(x, cos, sin);
+  }
   auto c = cos.unsqueeze(1);  // [B, 1, Q, rot]
   auto s = sin.unsqueeze(1);
   auto x_rot = rot == hd ? x : x.narrow(-1, 0, rot);
