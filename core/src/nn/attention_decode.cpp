@@ -39,19 +39,32 @@ __attribute__((target("avx2,fma"))) float dot_avx2(const float* a, const float* 
   return sum;
 }
 
-// out[0, n) += p * v[0, n)
-__attribute__((target("avx2,fma"))) void axpy_avx2(float p, const float* v, float* out, int64_t n) {
-  const __m256 pv = _mm256_set1_ps(p);
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(out + j, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + j), _mm256_loadu_ps(out + j)));
-  for (; j < n; ++j) out[j] += p * v[j];
+// out[0, hd) = sum over s < n of p[s] * v[s * stride + (0, hd)], 64 columns at a time in registers.
+__attribute__((target("avx2,fma"))) void weighted_sum_avx2(const float* p, const float* v, int64_t stride, int64_t n,
+                                                          float* out, int64_t hd) {
+  int64_t c = 0;
+  for (; c + 64 <= hd; c += 64) {
+    __m256 acc[8];
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    for (int64_t s = 0; s < n; ++s) {
+      const __m256 ps = _mm256_set1_ps(p[s]);
+      const float* row = v + s * stride + c;
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(ps, _mm256_loadu_ps(row + 8 * j), acc[j]);
+    }
+    for (int j = 0; j < 8; ++j) _mm256_storeu_ps(out + c + 8 * j, acc[j]);
+  }
+  for (; c < hd; ++c) {
+    float sum = 0;
+    for (int64_t s = 0; s < n; ++s) sum += p[s] * v[s * stride + c];
+    out[c] = sum;
+  }
 }
 
 bool has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 #else
 bool has_avx2() { return false; }
 float dot_avx2(const float*, const float*, int64_t) { return 0; }
-void axpy_avx2(float, const float*, float*, int64_t) {}
+void weighted_sum_avx2(const float*, const float*, int64_t, int64_t, float*, int64_t) {}
 #endif
 
 float dot_scalar(const float* a, const float* b, int64_t n) {
@@ -60,8 +73,12 @@ float dot_scalar(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
-void axpy_scalar(float p, const float* v, float* out, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) out[j] += p * v[j];
+void weighted_sum_scalar(const float* p, const float* v, int64_t stride, int64_t n, float* out, int64_t hd) {
+  for (int64_t c = 0; c < hd; ++c) {
+    float sum = 0;
+    for (int64_t s = 0; s < n; ++s) sum += p[s] * v[s * stride + c];
+    out[c] = sum;
+  }
 }
 
 }  // namespace
@@ -84,7 +101,7 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k, const a
   const int64_t rows = b * heads * len;
   const auto row = [&](int64_t r) { return RowIndex{r / (heads * len), r / len % heads, r % len}; };
   const auto dot = has_avx2() ? dot_avx2 : dot_scalar;
-  const auto axpy = has_avx2() ? axpy_avx2 : axpy_scalar;
+  const auto weighted_sum = has_avx2() ? weighted_sum_avx2 : weighted_sum_scalar;
   const float* qp = q.data_ptr<float>();
   const float* kp = k.data_ptr<float>();
   const float* vp = v.data_ptr<float>();
@@ -109,7 +126,7 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k, const a
   const float* pp = probs.data_ptr<float>();
 
   // out [B, Q, nH, hd] = probs v
-  auto out = at::zeros({b, len, heads, hd}, q.options());
+  auto out = at::empty({b, len, heads, hd}, q.options());
   float* op = out.data_ptr<float>();
   at::parallel_for(0, rows, grain(kv_len * hd), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -117,7 +134,7 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k, const a
       const float* vr = vp + bi * v.stride(0) + (h / groups) * v.stride(1);
       const float* p = pp + r * kv_len;
       float* o = op + ((bi * len + i) * heads + h) * hd;
-      for (int64_t s = 0; s < kv_len; ++s) axpy(p[s], vr + s * v.stride(2), o, hd);
+      weighted_sum(p, vr, v.stride(2), kv_len, o, hd);
     }
   });
   return out;
