@@ -197,7 +197,7 @@ void measure_variants(PluginHost& host, BuiltModel& built, const Args& args, con
 }
 
 void print_report(const nlohmann::json& report) {
-  std::cout << fmt::format("machine: copy bandwidth {:.2f} GB/s (memcpy of 256 MiB, read + written), float32 matmul "
+  std::cout << fmt::format("machine: copy bandwidth {:.2f} GB/s (memcpy of 256 MiB, read + written, best of before and after the variants), float32 matmul "
                            "{:.1f} GFLOP/s (1024x1024x1024), {} thread(s)\n",
                            report["copy_bandwidth_bytes_per_second"].get<double>() / 1e9,
                            report["matmul_flops_per_second"].get<double>() / 1e9, report["threads"].get<int>());
@@ -254,7 +254,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const Args model_args(specs, forwarded);
 
   const auto host = open_plugin_host(model_args);
-  const double bandwidth = copy_bandwidth(repeats);
+  double bandwidth = copy_bandwidth(repeats);
   const double matmul = matmul_rate(repeats);
 
   BuiltModel built = build_model(*host, model_args);
@@ -274,6 +274,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
     nn::set_decode_kernel(previous);
   }
   measure_variants(*host, built, args, specs, forwarded, run, results);
+  // Measured again after the variants, and the higher figure kept: on a shared machine the bandwidth
+  // drifts, and the limit should be the best this machine showed during the run.
+  bandwidth = std::max(bandwidth, copy_bandwidth(repeats));
 
   const double limit = bandwidth / bytes;  // tokens/s if decoding only streamed the weights
   auto rows = nlohmann::json::array();
