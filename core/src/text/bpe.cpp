@@ -22,6 +22,12 @@ Bpe::Bpe(const nlohmann::json& model, const Source& where) {
     vocab_[it.key()] = it.value().get<int64_t>();
     tokens_[it.value().get<int64_t>()] = it.key();
   }
+  const auto text_or_empty = [&](const char* key) {
+    const auto it = model.find(key);
+    return it != model.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  continuing_subword_prefix_ = text_or_empty("continuing_subword_prefix");
+  end_of_word_suffix_ = text_or_empty("end_of_word_suffix");
   const auto merges = model.find("merges");
   if (merges != model.end() && !merges->is_array()) fail(where, "'merges' must be an array");
   if (merges != model.end()) {
@@ -41,7 +47,11 @@ Bpe::Bpe(const nlohmann::json& model, const Source& where) {
       } else {
         fail(where.at(fmt::format("merges[{}]", rank)), "a merge must be \"a b\" or [\"a\", \"b\"]");
       }
-      const auto a = vocab_.find(left), b = vocab_.find(right), ab = vocab_.find(left + right);
+      // With a continuing-subword prefix the right part carries it and the merged token does not.
+      const std::string& prefix = continuing_subword_prefix_;
+      const bool prefixed = !prefix.empty() && right.compare(0, prefix.size(), prefix) == 0;
+      const auto a = vocab_.find(left), b = vocab_.find(right);
+      const auto ab = vocab_.find(left + (prefixed ? right.substr(prefix.size()) : right));
       if (a == vocab_.end() || b == vocab_.end() || ab == vocab_.end()) {
         fail(where.at(fmt::format("merges[{}]", rank)),
              fmt::format("merge '{} {}' uses a token that is not in the vocabulary", left, right));
@@ -49,12 +59,6 @@ Bpe::Bpe(const nlohmann::json& model, const Source& where) {
       merges_.emplace(pair_key(a->second, b->second), Merge{static_cast<int64_t>(rank), ab->second});
     }
   }
-  const auto text_or_empty = [&](const char* key) {
-    const auto it = model.find(key);
-    return it != model.end() && it->is_string() ? it->get<std::string>() : std::string();
-  };
-  continuing_subword_prefix_ = text_or_empty("continuing_subword_prefix");
-  end_of_word_suffix_ = text_or_empty("end_of_word_suffix");
   const auto unk = text_or_empty("unk_token");
   if (!unk.empty()) {
     const auto it = vocab_.find(unk);
