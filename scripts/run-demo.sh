@@ -17,3 +17,5 @@ echo; echo "\$ torchpatch verify --preset tiny-llama --patch LlamaAttention=Fuse
 "$tp" verify --preset tiny-llama --patch LlamaAttention=FusedQKVAttention
 echo; echo "\$ torchpatch run --preset tiny-bert --prompt-ids 1,2,3,4"
 "$tp" run --preset tiny-bert --prompt-ids 1,2,3,4
+echo; echo "\$ torchpatch tokenize --tokenizer tests/data/tokenizers/llama3 --json 'Hello world'"
+"$tp" tokenize --tokenizer tests/data/tokenizers/llama3 --json 'Hello world'

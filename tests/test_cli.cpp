@@ -106,7 +106,7 @@ TEST_CASE("cli usage errors exit with 2 and say what is wrong", "[cli][errors]")
       {"frobnicate", "unknown command 'frobnicate'"},
       {"run --preset tiny-llama --prompt-ids 1,2 --bogus", "unknown option '--bogus'"},
       {"run --prompt-ids 1,2", "give exactly one of --model DIR and --preset NAME"},
-      {"run --preset tiny-llama", "give exactly one of --prompt-ids and --inputs"},
+      {"run --preset tiny-llama", "give exactly one of --prompt, --prompt-file, --prompt-ids and --inputs"},
       {"run --preset tiny-llama --prompt-ids 1,x", "--prompt-ids: 'x' is not an integer"},
       {"run --preset tiny-llama --prompt-ids", "option '--prompt-ids' needs a value"},
       {"run --preset tiny-llama --prompt-ids 1 --patch LlamaAttention", "--patch 'LlamaAttention': expected KEY=CLASS"},

@@ -212,6 +212,24 @@ TEST_CASE("streaming decode gives the full text piece by piece without splitting
   }
 }
 
+TEST_CASE("streaming after a prompt keeps the first word's leading space", "[tokenizer][stream]") {
+  // SentencePiece-style decoders strip the space of a text's first token: a continuation decoded on
+  // its own would read "Helloworld".
+  for (const std::string name : {"llama2", "llama3"}) {
+    const auto tokenizer = Tokenizer::from_pretrained(tokenizer_dir(name));
+    const auto prompt = tokenizer.encode("Hello").ids;
+    const auto whole = tokenizer.encode("Hello world, again").ids;
+    REQUIRE(std::equal(prompt.begin(), prompt.end(), whole.begin()));
+    IncrementalDecoder stream(tokenizer, true);
+    stream.skip(prompt);
+    std::string continuation;
+    for (size_t i = prompt.size(); i < whole.size(); ++i) continuation += stream.push(whole[i]);
+    continuation += stream.finish();
+    INFO(name);
+    CHECK(continuation == " world, again");
+  }
+}
+
 TEST_CASE("tokenizer errors name the file and the cause", "[tokenizer][errors]") {
   using torchpatch::ConfigError;
   using torchpatch::InputError;

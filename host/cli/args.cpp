@@ -4,10 +4,19 @@
 
 namespace torchpatch::cli {
 
-Args::Args(const std::vector<OptionSpec>& specs, const std::vector<std::string>& argv) {
+Args::Args(const std::vector<OptionSpec>& specs, const std::vector<std::string>& argv, std::size_t max_positional) {
+  bool options_ended = false;  // after "--" everything is positional (a text may start with dashes)
   for (std::size_t i = 0; i < argv.size(); ++i) {
     const std::string& arg = argv[i];
-    if (arg.rfind("--", 0) != 0) throw UsageError(fmt::format("unexpected argument '{}'", arg));
+    if (arg == "--" && max_positional > 0 && !options_ended) {
+      options_ended = true;
+      continue;
+    }
+    if (options_ended || arg.rfind("--", 0) != 0) {
+      if (positional_.size() >= max_positional) throw UsageError(fmt::format("unexpected argument '{}'", arg));
+      positional_.push_back(arg);
+      continue;
+    }
     std::string name = arg.substr(2), value;
     const auto eq = name.find('=');
     const bool inline_value = eq != std::string::npos;

@@ -23,8 +23,9 @@ struct OptionSpec {
 
 class Args {
  public:
-  /// Parses argv of one command; throws UsageError for unknown options or missing values.
-  Args(const std::vector<OptionSpec>& specs, const std::vector<std::string>& argv);
+  /// Parses argv of one command; throws UsageError for unknown options, missing values, or more than
+  /// `max_positional` arguments that are not options.
+  Args(const std::vector<OptionSpec>& specs, const std::vector<std::string>& argv, std::size_t max_positional = 0);
 
   bool flag(const std::string& name) const { return values_.count(name) > 0; }
   bool has(const std::string& name) const { return values_.count(name) > 0; }
@@ -32,9 +33,12 @@ class Args {
   std::string value(const std::string& name) const;
   /// All values of a repeatable option.
   std::vector<std::string> values(const std::string& name) const;
+  /// The arguments that are not options, in order.
+  const std::vector<std::string>& positional() const { return positional_; }
 
  private:
   std::map<std::string, std::vector<std::string>> values_;
+  std::vector<std::string> positional_;
 };
 
 /// The usage text of a command from its specs.

@@ -32,8 +32,10 @@ std::vector<int64_t> token_ids(const nlohmann::json& j, const char* key, const s
 }
 
 // Stop and pad ids as Hugging Face's generate finds them: generation_config.json first (it may list
-// several end tokens), then config.json; padding falls back to the first end token.
-void read_special_tokens(const Args& args, const DecoderConfig& model, GenerationConfig& config) {
+// several end tokens), then config.json; padding falls back to the first end token. A text prompt's
+// tokenizer adds its eos token to the end tokens.
+void read_special_tokens(const Args& args, const DecoderConfig& model, const text::Tokenizer* tokenizer,
+                         GenerationConfig& config) {
   std::vector<int64_t> eos = model.eos_token_ids;
   std::vector<int64_t> pad;
   if (model.pad_token_id) pad = {*model.pad_token_id};
@@ -44,6 +46,9 @@ void read_special_tokens(const Args& args, const DecoderConfig& model, Generatio
       if (auto ids = token_ids(j, "eos_token_id", file.string()); !ids.empty()) eos = ids;
       if (auto ids = token_ids(j, "pad_token_id", file.string()); !ids.empty()) pad = ids;
     }
+  }
+  if (tokenizer && tokenizer->eos_token_id() && std::count(eos.begin(), eos.end(), *tokenizer->eos_token_id()) == 0) {
+    eos.push_back(*tokenizer->eos_token_id());
   }
   if (args.has("eos-ids")) {
     eos = parse_int_list(args.value("eos-ids"), "--eos-ids");
@@ -62,7 +67,7 @@ void read_special_tokens(const Args& args, const DecoderConfig& model, Generatio
   }
 }
 
-GenerationConfig read_generation_config(const Args& args, const DecoderConfig& model) {
+GenerationConfig read_generation_config(const Args& args, const DecoderConfig& model, const text::Tokenizer* tokenizer) {
   GenerationConfig config;
   config.max_new_tokens = int_option(args, "max-new-tokens", 20, 0);
   config.do_sample = args.flag("do-sample");
@@ -76,7 +81,7 @@ GenerationConfig read_generation_config(const Args& args, const DecoderConfig& m
   if (!(config.top_p > 0 && config.top_p <= 1)) throw UsageError("--top-p: must be in (0, 1]");
   if (args.has("seed")) config.seed = static_cast<uint64_t>(int_option(args, "seed", 0, 0));
   if (args.has("eos-ids") && args.flag("ignore-eos")) throw UsageError("give at most one of --eos-ids and --ignore-eos");
-  read_special_tokens(args, model, config);
+  read_special_tokens(args, model, tokenizer, config);
   return config;
 }
 
@@ -89,6 +94,17 @@ std::function<void(const GenerationProgress&)> progress_printer(bool* printed) {
     *printed = true;
     std::cerr << fmt::format("\rgenerating: {}/{} tokens, {:.1f} s", p.step, p.max_new_tokens, p.elapsed_seconds)
               << std::flush;
+  };
+}
+
+// Prints a one-row generation's prompt with its first token (so a prompt the model refuses prints
+// nothing), then the text as it is produced, flushed per token (special tokens, such as the end
+// token, are not shown).
+std::function<void(const GenerationProgress&)> text_streamer(std::string prompt,
+                                                            std::shared_ptr<text::IncrementalDecoder> decoder) {
+  return [prompt = std::move(prompt), decoder](const GenerationProgress& p) {
+    if (p.step == 1) std::cout << prompt;
+    std::cout << decoder->push(p.tokens.at(0)) << std::flush;
   };
 }
 
@@ -110,28 +126,44 @@ int cmd_generate(const std::vector<std::string>& argv) {
                 {"ignore-eos", "", "never stop early"},
                 {"output", "FILE", "write generated_ids [B, prompt+new] and generated_logits [new, B, V] (each "
                                    "step's raw next-token logits, float32) to this safetensors file"}});
+  const auto text_options = prompt_options();
+  specs.insert(specs.begin() + 3, text_options.begin(), text_options.end());
   const Args args(specs, argv);
   if (args.flag("help")) {
-    std::cout << usage("generate", "Generate tokens with a key/value cache (greedy unless --do-sample).", specs);
+    std::cout << usage("generate",
+                       "Generate tokens with a key/value cache (greedy unless --do-sample). With a text prompt the "
+                       "text is printed as it is produced, and the speeds go to stderr.",
+                       specs);
     return 0;
   }
+  const auto tokenizer = prompt_tokenizer(args);
   // position_ids in an inputs file are not used: generation derives them from attention_mask.
-  const ModelInputs inputs = read_model_inputs(args);
+  const ModelInputs inputs = read_model_inputs(args, tokenizer ? &*tokenizer : nullptr);
 
   const auto host = open_plugin_host(args);
   const BuiltModel built = build_model(*host, args);
   if (!args.flag("json")) print_load_report(built);
 
-  auto config = read_generation_config(args, built.model->config().decoder);
+  auto config = read_generation_config(args, built.model->config().decoder, tokenizer ? &*tokenizer : nullptr);
   config.output_logits = args.has("output");  // Hugging Face's output_logits, for generated_logits
   bool progress_shown = false;
-  if (!args.flag("json")) config.on_step = progress_printer(&progress_shown);
+  const bool stream = tokenizer && !args.flag("json");
+  std::shared_ptr<text::IncrementalDecoder> decoder;
+  if (stream) {
+    decoder = std::make_shared<text::IncrementalDecoder>(*tokenizer, true);
+    const auto prompt_ids = inputs.input_ids[0].contiguous();
+    decoder->skip({prompt_ids.data_ptr<int64_t>(), prompt_ids.data_ptr<int64_t>() + prompt_ids.numel()});
+    config.on_step = text_streamer(prompt_text(args), decoder);
+  } else if (!args.flag("json")) {
+    config.on_step = progress_printer(&progress_shown);
+  }
   if (inputs.input_ids.scalar_type() != at::kLong && inputs.input_ids.scalar_type() != at::kInt) {
     throw InputError(fmt::format("input_ids: expected an integer tensor, got {}",
                                  c10::toString(inputs.input_ids.scalar_type())));
   }
   const auto out = generate(*built.model, inputs.input_ids, inputs.attention_mask, config);
   if (progress_shown) std::cerr << "\n";
+  if (decoder) std::cout << (out.new_tokens == 0 ? prompt_text(args) : std::string()) << decoder->finish() << std::endl;
 
   if (args.has("output")) {
     // Step 0 is the prefill; a run of no steps writes [0, B, V].
@@ -145,8 +177,16 @@ int cmd_generate(const std::vector<std::string>& argv) {
   auto rows = nlohmann::json::array();
   for (int64_t b = 0; b < out.sequences.size(0); ++b) {
     const auto fresh = out.sequences[b].narrow(0, prompt, out.new_tokens).contiguous();
-    rows.push_back({{"row", b}, {"new_ids", std::vector<int64_t>(fresh.data_ptr<int64_t>(),
-                                                                 fresh.data_ptr<int64_t>() + fresh.numel())}});
+    const std::vector<int64_t> ids(fresh.data_ptr<int64_t>(), fresh.data_ptr<int64_t>() + fresh.numel());
+    rows.push_back({{"row", b}, {"new_ids", ids}});
+    if (tokenizer) {  // decoded after the prompt, as it was streamed
+      text::IncrementalDecoder row_text(*tokenizer, true);
+      const auto prompt_ids = inputs.input_ids[b].contiguous();
+      row_text.skip({prompt_ids.data_ptr<int64_t>(), prompt_ids.data_ptr<int64_t>() + prompt_ids.numel()});
+      std::string text;
+      for (const auto id : ids) text += row_text.push(id);
+      rows.back()["text"] = text + row_text.finish();
+    }
   }
   const auto counters = counter_report(*built.model);
   const auto batch = out.sequences.size(0);
@@ -166,18 +206,20 @@ int cmd_generate(const std::vector<std::string>& argv) {
               << "\n";
     return 0;
   }
-  std::cout << fmt::format("{} ({})\n", built.model->class_name(), built.source);
+  // With a text prompt stdout holds only the text; the rest goes to stderr.
+  std::ostream& report = stream ? std::cerr : std::cout;
+  report << fmt::format("{} ({})\n", built.model->class_name(), built.source);
   for (const auto& row : rows) {
-    std::cout << fmt::format("row {}: {}\n", row["row"].get<int64_t>(),
-                             fmt::join(row["new_ids"].get<std::vector<int64_t>>(), " "));
+    report << fmt::format("row {}: {}\n", row["row"].get<int64_t>(),
+                          fmt::join(row["new_ids"].get<std::vector<int64_t>>(), " "));
   }
-  std::cout << fmt::format("prefill: {} tokens in {:.4f} s = {:.1f} tokens/s\n", out.prompt_tokens,
-                           out.prefill_seconds, out.prefill_tokens_per_second());
-  std::cout << fmt::format("decode:  {} tokens in {:.4f} s = {:.1f} tokens/s\n",
-                           batch * std::max<int64_t>(out.new_tokens - 1, 0), out.decode_seconds,
-                           out.decode_tokens_per_second());
-  for (const auto& line : counters) std::cout << line << "\n";
-  if (args.has("output")) std::cout << "wrote " << args.value("output") << "\n";
+  report << fmt::format("prefill: {} tokens in {:.4f} s = {:.1f} tokens/s\n", out.prompt_tokens,
+                        out.prefill_seconds, out.prefill_tokens_per_second());
+  report << fmt::format("decode:  {} tokens in {:.4f} s = {:.1f} tokens/s\n",
+                        batch * std::max<int64_t>(out.new_tokens - 1, 0), out.decode_seconds,
+                        out.decode_tokens_per_second());
+  for (const auto& line : counters) report << line << "\n";
+  if (args.has("output")) report << "wrote " << args.value("output") << "\n";
   return 0;
 }
 

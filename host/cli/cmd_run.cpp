@@ -9,6 +9,7 @@
 #include "session.h"
 #include "torchpatch/checkpoint/safetensors.h"
 #include "torchpatch/error.h"
+#include "torchpatch/printable.h"
 
 namespace torchpatch::cli {
 
@@ -38,8 +39,10 @@ std::vector<std::pair<std::string, at::Tensor>> output_tensors(const PretrainedM
   return tensors;
 }
 
-// Each row's `top` most likely next tokens at its last real position.
-nlohmann::json next_token_rows(const ModelInputs& inputs, const ModelOutput& out, int64_t top) {
+// Each row's `top` most likely next tokens at its last real position (with their text when a
+// tokenizer is given).
+nlohmann::json next_token_rows(const ModelInputs& inputs, const ModelOutput& out, int64_t top,
+                               const text::Tokenizer* tokenizer) {
   const int64_t len = out.logits.size(1);
   top = std::min(top, out.logits.size(2));
   auto rows = nlohmann::json::array();
@@ -52,7 +55,9 @@ nlohmann::json next_token_rows(const ModelInputs& inputs, const ModelOutput& out
     const auto best = out.logits[b][last].topk(top);
     auto tops = nlohmann::json::array();
     for (int64_t k = 0; k < top; ++k) {
-      tops.push_back({{"id", std::get<1>(best)[k].item<int64_t>()}, {"logit", std::get<0>(best)[k].item<double>()}});
+      const auto id = std::get<1>(best)[k].item<int64_t>();
+      tops.push_back({{"id", id}, {"logit", std::get<0>(best)[k].item<double>()}});
+      if (tokenizer && id < tokenizer->vocab_size()) tops.back()["text"] = tokenizer->decode({id});
     }
     rows.push_back({{"row", b}, {"position", last}, {"top", tops}});
   }
@@ -78,7 +83,10 @@ void print_text(const BuiltModel& built, const nlohmann::json& rows, const nlohm
   }
   for (const auto& row : rows) {
     std::vector<std::string> parts;
-    for (const auto& t : row["top"]) parts.push_back(fmt::format("{} ({:.4f})", t["id"].get<int64_t>(), t["logit"].get<double>()));
+    for (const auto& t : row["top"]) {
+      const auto text = t.contains("text") ? fmt::format(" '{}'", printable(t["text"].get<std::string>())) : "";
+      parts.push_back(fmt::format("{}{} ({:.4f})", t["id"].get<int64_t>(), text, t["logit"].get<double>()));
+    }
     std::cout << fmt::format("row {} next tokens at position {}: {}\n", row["row"].get<int64_t>(),
                              row["position"].get<int64_t>(), fmt::join(parts, ", "));
   }
@@ -99,6 +107,8 @@ int cmd_run(const std::vector<std::string>& argv) {
                 {"router-outputs", "", "MoE: also write router_logits_layer{i}, selected_experts_layer{i} and "
                                        "routing_weights_layer{i} (rows b*T+t) to --output"},
                 {"top", "K", "how many next tokens to show per row (default 5)"}});
+  const auto text_options = prompt_options();
+  specs.insert(specs.begin() + 3, text_options.begin(), text_options.end());
   const Args args(specs, argv);
   if (args.flag("help")) {
     std::cout << usage("run",
@@ -115,7 +125,8 @@ int cmd_run(const std::vector<std::string>& argv) {
     if (k.size() != 1 || k[0] < 1) throw UsageError("--top: expected one positive integer");
     top = k[0];
   }
-  ModelInputs inputs = read_model_inputs(args);
+  const auto tokenizer = prompt_tokenizer(args);
+  ModelInputs inputs = read_model_inputs(args, tokenizer ? &*tokenizer : nullptr);
   inputs.output_hidden_states = args.flag("hidden-states");
   const std::vector<std::string> routing{"router_logits", "selected_experts", "routing_weights"};
 
@@ -138,7 +149,7 @@ int cmd_run(const std::vector<std::string>& argv) {
   // the shapes of what they produced.
   const auto& cls = built.model->class_name();
   const bool causal = out.logits.defined() && cls.size() > 11 && cls.compare(cls.size() - 11, 11, "ForCausalLM") == 0;
-  const auto rows = causal ? next_token_rows(inputs, out, top) : nlohmann::json::array();
+  const auto rows = causal ? next_token_rows(inputs, out, top, tokenizer ? &*tokenizer : nullptr) : nlohmann::json::array();
   const auto shapes = output_shapes(out);
   const auto counters = counter_report(*built.model);
   if (args.flag("json")) {

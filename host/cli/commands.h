@@ -14,5 +14,7 @@ int cmd_generate(const std::vector<std::string>& argv);
 int cmd_bench(const std::vector<std::string>& argv);
 int cmd_routing(const std::vector<std::string>& argv);
 int cmd_verify(const std::vector<std::string>& argv);
+int cmd_tokenize(const std::vector<std::string>& argv);
+int cmd_detokenize(const std::vector<std::string>& argv);
 
 }  // namespace torchpatch::cli

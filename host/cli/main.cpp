@@ -16,14 +16,16 @@ const char* kUsage = R"(usage: torchpatch <command> [options]
 Build Hugging Face transformer models with their building blocks replaced by plugins.
 
 commands:
-  plugins   list plugins found, loaded and refused (with the reason)
-  plan      show the module tree and what each patch point becomes
-  run       run a forward pass and print the most likely next tokens
-  save      load a model (patched or not) and save it in the hub layout
-  generate  generate tokens with a key/value cache (greedy or sampled)
-  bench     measure decode and prefill speed against this machine's limits
-  routing   record a MoE model's expert choices (.npy) and replay them in a training pass
-  verify    compare the patched model with the original on the same weights and inputs
+  plugins     list plugins found, loaded and refused (with the reason)
+  plan        show the module tree and what each patch point becomes
+  run         run a forward pass and print the most likely next tokens
+  save        load a model (patched or not) and save it in the hub layout
+  generate    generate tokens with a key/value cache (greedy or sampled)
+  bench       measure decode and prefill speed against this machine's limits
+  routing     record a MoE model's expert choices (.npy) and replay them in a training pass
+  verify      compare the patched model with the original on the same weights and inputs
+  tokenize    encode text with a checkpoint's tokenizer.json and print the token ids
+  detokenize  decode token ids to text
 
 Run 'torchpatch <command> --help' for a command's options. Any command takes --debug: an error from
 LibTorch is then printed with its backtrace.
@@ -60,6 +62,8 @@ int main(int argc, char** argv) {
     if (command == "bench") return cmd_bench(rest);
     if (command == "routing") return cmd_routing(rest);
     if (command == "verify") return cmd_verify(rest);
+    if (command == "tokenize") return cmd_tokenize(rest);
+    if (command == "detokenize") return cmd_detokenize(rest);
     std::cerr << "torchpatch: unknown command '" << command << "'\n\n" << kUsage;
     return 2;
   } catch (const UsageError& e) {

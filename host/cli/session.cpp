@@ -1,8 +1,10 @@
 #include "session.h"
 
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <map>
+#include <sstream>
 
 #include <fmt/format.h>
 
@@ -133,11 +135,55 @@ BuiltModel build_model(PluginHost& host, const Args& args) {
   return load_model(source, LoadModelOptions{pretrained_options(args, host), args.flag("strict")});
 }
 
-ModelInputs read_model_inputs(const Args& args) {
-  if (args.has("prompt-ids") == args.has("inputs")) throw UsageError("give exactly one of --prompt-ids and --inputs");
+std::vector<OptionSpec> prompt_options() {
+  return {{"prompt", "TEXT", "the prompt as text, encoded with the model's tokenizer (tokenizer.json)"},
+          {"prompt-file", "FILE", "the prompt as text, read from FILE (UTF-8)"},
+          {"tokenizer", "DIR", "read tokenizer.json (and tokenizer_config.json) from DIR instead of --model"}};
+}
+
+std::optional<text::Tokenizer> open_tokenizer(const Args& args) {
+  if (args.has("tokenizer")) return text::Tokenizer::from_pretrained(args.value("tokenizer"));
+  if (args.has("model")) return text::Tokenizer::from_pretrained(args.value("model"));
+  return std::nullopt;
+}
+
+std::optional<text::Tokenizer> prompt_tokenizer(const Args& args) {
+  if (!args.has("prompt") && !args.has("prompt-file")) {
+    if (args.has("tokenizer")) throw UsageError("--tokenizer: only with --prompt or --prompt-file");
+    return std::nullopt;
+  }
+  if (!args.has("tokenizer") && !args.has("model")) {
+    throw UsageError("a text prompt needs a tokenizer: give --model DIR (with tokenizer.json) or --tokenizer DIR");
+  }
+  return open_tokenizer(args);
+}
+
+std::string prompt_text(const Args& args) {
+  if (args.has("prompt")) return args.value("prompt");
+  if (!args.has("prompt-file")) return {};
+  const auto path = args.value("prompt-file");
+  if (path.empty()) throw UsageError("--prompt-file: the path is empty");
+  std::ifstream file(path, std::ios::binary);
+  if (!file) throw InputError(fmt::format("--prompt-file {}: cannot open it", printable(path)));
+  std::ostringstream text;
+  text << file.rdbuf();
+  if (file.bad()) throw InputError(fmt::format("--prompt-file {}: cannot read it", printable(path)));
+  return text.str();
+}
+
+ModelInputs read_model_inputs(const Args& args, const text::Tokenizer* tokenizer) {
+  const int given = args.has("prompt-ids") + args.has("inputs") + args.has("prompt") + args.has("prompt-file");
+  if (given != 1) throw UsageError("give exactly one of --prompt, --prompt-file, --prompt-ids and --inputs");
   ModelInputs in;
   if (args.has("prompt-ids")) {
     const auto ids = parse_int_list(args.value("prompt-ids"), "--prompt-ids");
+    in.input_ids = at::tensor(ids, at::kLong).unsqueeze(0);
+    return in;
+  }
+  if (args.has("prompt") || args.has("prompt-file")) {
+    if (tokenizer == nullptr) throw UsageError("a text prompt needs a tokenizer (--model DIR or --tokenizer DIR)");
+    const auto ids = tokenizer->encode(prompt_text(args)).ids;
+    if (ids.empty()) throw InputError("the prompt encodes to no tokens: give some text");
     in.input_ids = at::tensor(ids, at::kLong).unsqueeze(0);
     return in;
   }

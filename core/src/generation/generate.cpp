@@ -162,7 +162,13 @@ GenerationOutput generate(PretrainedModel& model, const at::Tensor& input_ids, c
     sequences.select(1, prompt + step).copy_(next);
     ++step;
     if (step == 1) out.prefill_seconds = seconds_since(start);
-    if (config.on_step) config.on_step({step, config.max_new_tokens, seconds_since(start)});
+    if (config.on_step) {
+      const auto ids = next.contiguous();
+      const auto done = unfinished.logical_not().contiguous();
+      config.on_step({step, config.max_new_tokens, seconds_since(start),
+                      std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + batch),
+                      std::vector<bool>(done.data_ptr<bool>(), done.data_ptr<bool>() + batch)});
+    }
     if (step == config.max_new_tokens || !unfinished.any().item<bool>()) break;
 
     in.input_ids = next.unsqueeze(1);

@@ -60,7 +60,10 @@ __attribute__((target("avx2,fma"))) void weighted_sum_avx2(const float* p, const
   }
 }
 
-bool has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+bool has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
 #else
 bool has_avx2() { return false; }
 float dot_avx2(const float*, const float*, int64_t) { return 0; }

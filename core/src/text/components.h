@@ -23,6 +23,9 @@ struct Source {
 [[noreturn]] void fail(const Source& where, const std::string& cause);
 /// j[key] as a string (throws naming the key when missing or not a string).
 std::string string_field(const nlohmann::json& j, const char* key, const Source& where);
+/// The stages of a Sequence component, j[key] (throws when it is not an array), each with its source.
+std::vector<std::pair<const nlohmann::json*, Source>> sequence_items(const nlohmann::json& j, const char* key,
+                                                                     const Source& where);
 
 /// Rewrites text before it is split (NFC, Lowercase, Replace, ...).
 class Normalizer {

@@ -182,12 +182,8 @@ std::unique_ptr<Decoder> make_decoder(const nlohmann::json& j, const Source& whe
     return std::make_unique<Metaspace>(j.value("replacement", std::string("\xe2\x96\x81")), strip_first);
   }
   if (type == "Sequence") {
-    const auto it = j.find("decoders");
-    if (it == j.end() || !it->is_array()) fail(where, "a Sequence needs a 'decoders' array");
     std::vector<std::unique_ptr<Decoder>> stages;
-    for (size_t i = 0; i < it->size(); ++i) {
-      stages.push_back(make_decoder((*it)[i], where.at(fmt::format("decoders[{}]", i))));
-    }
+    for (const auto& [item, source] : sequence_items(j, "decoders", where)) stages.push_back(make_decoder(*item, source));
     return std::make_unique<Sequence>(std::move(stages));
   }
   fail(where, fmt::format("unsupported decoder '{}' (supported: ByteLevel, Replace, ByteFallback, Fuse, Strip, "

@@ -46,12 +46,12 @@ void append_utf8(std::string& out, char32_t c) {
   }
 }
 
-bool valid_utf8(const std::string& s) {
+size_t invalid_utf8_at(const std::string& s) {
   for (size_t i = 0; i < s.size();) {
     const size_t start = i;
-    if (next_code_point(s, i) == 0xfffd && !(i - start == 3 && s.compare(start, 3, "\xef\xbf\xbd") == 0)) return false;
+    if (next_code_point(s, i) == 0xfffd && !(i - start == 3 && s.compare(start, 3, "\xef\xbf\xbd") == 0)) return start;
   }
-  return true;
+  return std::string::npos;
 }
 
 Normalized Normalized::original(const std::string& s, size_t offset) {

@@ -17,8 +17,10 @@ using Range = std::pair<size_t, size_t>;
 char32_t next_code_point(const std::string& s, size_t& i);
 /// Appends c as UTF-8.
 void append_utf8(std::string& out, char32_t c);
+/// The offset of the first byte of s that is not well-formed UTF-8, or std::string::npos.
+size_t invalid_utf8_at(const std::string& s);
 /// Whether s is well-formed UTF-8.
-bool valid_utf8(const std::string& s);
+inline bool valid_utf8(const std::string& s) { return invalid_utf8_at(s) == std::string::npos; }
 
 struct Normalized {
   std::string text;

@@ -173,12 +173,8 @@ std::unique_ptr<Normalizer> make_normalizer(const nlohmann::json& j, const Sourc
   }
   if (type == "Strip") return std::make_unique<Strip>(j.value("strip_left", true), j.value("strip_right", true));
   if (type == "Sequence") {
-    const auto it = j.find("normalizers");
-    if (it == j.end() || !it->is_array()) fail(where, "a Sequence needs a 'normalizers' array");
     std::vector<std::unique_ptr<Normalizer>> stages;
-    for (size_t i = 0; i < it->size(); ++i) {
-      stages.push_back(make_normalizer((*it)[i], where.at(fmt::format("normalizers[{}]", i))));
-    }
+    for (const auto& [item, source] : sequence_items(j, "normalizers", where)) stages.push_back(make_normalizer(*item, source));
     return std::make_unique<Sequence>(std::move(stages));
   }
   fail(where, fmt::format("unsupported normalizer '{}' (supported: NFC, NFD, NFKC, NFKD, Lowercase, Prepend, "

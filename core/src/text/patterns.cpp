@@ -20,6 +20,15 @@ std::string string_field(const nlohmann::json& j, const char* key, const Source&
   return it->get<std::string>();
 }
 
+std::vector<std::pair<const nlohmann::json*, Source>> sequence_items(const nlohmann::json& j, const char* key,
+                                                                     const Source& where) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_array()) fail(where, fmt::format("a Sequence needs a '{}' array", key));
+  std::vector<std::pair<const nlohmann::json*, Source>> items;
+  for (size_t i = 0; i < it->size(); ++i) items.emplace_back(&(*it)[i], where.at(fmt::format("{}[{}]", key, i)));
+  return items;
+}
+
 // Pattern --------------------------------------------------------------------------------------
 
 struct Pattern::Regex {

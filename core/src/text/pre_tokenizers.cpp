@@ -226,12 +226,8 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const nlohmann::json& j, const 
     return by_property(is_punctuation, true, parse_behavior(j.value("behavior", nlohmann::json("Isolated")), where));
   }
   if (type == "Sequence") {
-    const auto it = j.find("pretokenizers");
-    if (it == j.end() || !it->is_array()) fail(where, "a Sequence needs a 'pretokenizers' array");
     std::vector<std::unique_ptr<PreTokenizer>> stages;
-    for (size_t i = 0; i < it->size(); ++i) {
-      stages.push_back(make_pre_tokenizer((*it)[i], where.at(fmt::format("pretokenizers[{}]", i))));
-    }
+    for (const auto& [item, source] : sequence_items(j, "pretokenizers", where)) stages.push_back(make_pre_tokenizer(*item, source));
     return std::make_unique<Sequence>(std::move(stages));
   }
   fail(where, fmt::format("unsupported pre-tokenizer '{}' (supported: Split, ByteLevel, Metaspace, Digits, Whitespace, "

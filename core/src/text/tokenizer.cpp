@@ -52,6 +52,20 @@ struct Tokenizer::Impl {
   bool clean_up_spaces = false;
   std::optional<int64_t> bos, eos, pad;
 
+  void read_added_tokens(const nlohmann::json& added_tokens, const Source& root);
+  void read_tokenizer_config(const std::filesystem::path& path);
+
+  std::optional<int64_t> token_to_id(const std::string& token) const {
+    if (const auto it = added_by_content.find(token); it != added_by_content.end()) return added[it->second].id;
+    return model->token_to_id(token);
+  }
+
+  std::optional<std::string> id_to_token(int64_t id) const {
+    if (const auto it = added_by_id.find(id); it != added_by_id.end()) return added[it->second].content;
+    const auto* token = model->id_to_token(id);
+    return token ? std::optional<std::string>(*token) : std::nullopt;
+  }
+
   // Added tokens ---------------------------------------------------------------------------------
 
   struct Match {
@@ -142,12 +156,9 @@ struct Tokenizer::Impl {
   }
 
   Encoding encode(const std::string& text, bool add_special_tokens) const {
-    for (size_t i = 0; i < text.size();) {
-      const size_t start = i;
-      if (next_code_point(text, i) == 0xfffd && text.compare(start, 3, "\xef\xbf\xbd") != 0) {
-        throw InputError(fmt::format("cannot encode: the text is not valid UTF-8 (byte {} of {}, 0x{:02x})", start,
-                                     text.size(), static_cast<unsigned char>(text[start])));
-      }
+    if (const auto bad = invalid_utf8_at(text); bad != std::string::npos) {
+      throw InputError(fmt::format("cannot encode: the text is not valid UTF-8 (byte {} of {}, 0x{:02x})", bad,
+                                   text.size(), static_cast<unsigned char>(text[bad])));
     }
     Encoding body;
     size_t at = 0;
@@ -183,10 +194,8 @@ Template template_from(const nlohmann::json& j, const Source& where) {
   const auto type = string_field(j, "type", where);
   if (type == "ByteLevel") return t;  // ids unchanged (it trims offsets only)
   if (type == "Sequence") {
-    const auto it = j.find("processors");
-    if (it == j.end() || !it->is_array()) fail(where, "a Sequence needs a 'processors' array");
-    for (size_t i = 0; i < it->size(); ++i) {
-      auto inner = template_from((*it)[i], where.at(fmt::format("processors[{}]", i)));
+    for (const auto& [item, source] : sequence_items(j, "processors", where)) {
+      auto inner = template_from(*item, source);
       if (!inner.items.empty()) {
         if (!t.items.empty()) fail(where, "more than one processor adds special tokens");
         t = std::move(inner);
@@ -252,6 +261,60 @@ std::optional<std::string> config_token(const nlohmann::json& config, const char
 
 }  // namespace
 
+// The added_tokens array of tokenizer.json, indexed by content, id and first byte (longest first).
+void Tokenizer::Impl::read_added_tokens(const nlohmann::json& added_tokens, const Source& root) {
+  if (!added_tokens.is_array()) fail(root, "'added_tokens' must be an array");
+  for (size_t i = 0; i < added_tokens.size(); ++i) {
+    const auto& a = added_tokens[i];
+    const auto here = root.at(fmt::format("added_tokens[{}]", i));
+    if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer()) fail(here, "needs an integer 'id'");
+    AddedToken t{a["id"].get<int64_t>(), string_field(a, "content", here), a.value("single_word", false),
+                 a.value("lstrip", false), a.value("rstrip", false), a.value("normalized", false),
+                 a.value("special", false)};
+    if (t.content.empty()) fail(here, "an empty added token");
+    added_by_content[t.content] = added.size();
+    added_by_id[t.id] = added.size();
+    added.push_back(std::move(t));
+  }
+  for (size_t k = 0; k < added.size(); ++k) {
+    added_by_first_byte[static_cast<unsigned char>(added[k].content[0])].push_back(k);
+  }
+  for (auto& list : added_by_first_byte) {
+    std::stable_sort(list.begin(), list.end(),
+                     [&](size_t a, size_t b) { return added[a].content.size() > added[b].content.size(); });
+  }
+}
+
+// tokenizer_config.json: the bos/eos/pad tokens, clean_up_tokenization_spaces, and add_bos_token /
+// add_eos_token, which set what encoding adds, as transformers' Llama tokenizers do.
+void Tokenizer::Impl::read_tokenizer_config(const std::filesystem::path& path) {
+  const std::string cfile = path.string();
+  const auto c = read_json_file(path, config_fail);
+  if (!c.is_object()) config_fail(fmt::format("{}: not a JSON object", cfile));
+  const auto id_of = [&](const char* key) -> std::optional<int64_t> {
+    const auto token = config_token(c, key, cfile);
+    if (!token) return std::nullopt;
+    const auto id = token_to_id(*token);
+    if (!id) config_fail(fmt::format("{}: {} '{}' is not in the vocabulary of {}", cfile, key, *token, file.string()));
+    return id;
+  };
+  bos = id_of("bos_token");
+  eos = id_of("eos_token");
+  pad = id_of("pad_token");
+  clean_up_spaces = c.value("clean_up_tokenization_spaces", false);
+  if (!c.contains("add_bos_token") && !c.contains("add_eos_token")) return;
+  Template t;
+  const auto add = [&](const char* flag, const std::optional<int64_t>& id, const char* name) {
+    if (!c.value(flag, false)) return;
+    if (!id) config_fail(fmt::format("{}: {} is set but there is no {}", cfile, flag, name));
+    t.items.push_back({false, {*id}, {*id_to_token(*id)}});
+  };
+  add("add_bos_token", bos, "bos_token");
+  t.items.push_back({true, {}, {}});
+  add("add_eos_token", eos, "eos_token");
+  post = t.items.size() == 1 ? Template{} : std::move(t);
+}
+
 Tokenizer Tokenizer::from_pretrained(const std::filesystem::path& dir) {
   const auto json = dir / "tokenizer.json";
   if (!path_exists(json)) {
@@ -290,61 +353,8 @@ Tokenizer Tokenizer::from_file(const std::filesystem::path& tokenizer_json,
   if (const auto* p = stage("post_processor")) impl->post = template_from(*p, root.at("post_processor"));
   if (const auto* d = stage("decoder")) impl->decoder = make_decoder(*d, root.at("decoder"));
 
-  if (const auto* added = stage("added_tokens")) {
-    if (!added->is_array()) fail(root, "'added_tokens' must be an array");
-    for (size_t i = 0; i < added->size(); ++i) {
-      const auto& a = (*added)[i];
-      const auto here = root.at(fmt::format("added_tokens[{}]", i));
-      if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer()) fail(here, "needs an integer 'id'");
-      AddedToken t{a["id"].get<int64_t>(), string_field(a, "content", here), a.value("single_word", false),
-                   a.value("lstrip", false), a.value("rstrip", false), a.value("normalized", false),
-                   a.value("special", false)};
-      if (t.content.empty()) fail(here, "an empty added token");
-      impl->added_by_content[t.content] = impl->added.size();
-      impl->added_by_id[t.id] = impl->added.size();
-      impl->added.push_back(std::move(t));
-    }
-    for (size_t k = 0; k < impl->added.size(); ++k) {
-      impl->added_by_first_byte[static_cast<unsigned char>(impl->added[k].content[0])].push_back(k);
-    }
-    for (auto& list : impl->added_by_first_byte) {
-      std::stable_sort(list.begin(), list.end(), [&](size_t a, size_t b) {
-        return impl->added[a].content.size() > impl->added[b].content.size();
-      });
-    }
-  }
-
-  if (tokenizer_config) {
-    const std::string cfile = tokenizer_config->string();
-    const auto c = read_json_file(*tokenizer_config, config_fail);
-    if (!c.is_object()) config_fail(fmt::format("{}: not a JSON object", cfile));
-    Tokenizer probe(std::move(impl));
-    const auto id_of = [&](const char* key) -> std::optional<int64_t> {
-      const auto token = config_token(c, key, cfile);
-      if (!token) return std::nullopt;
-      const auto id = probe.token_to_id(*token);
-      if (!id) config_fail(fmt::format("{}: {} '{}' is not in the vocabulary of {}", cfile, key, *token, file));
-      return id;
-    };
-    probe.impl_->bos = id_of("bos_token");
-    probe.impl_->eos = id_of("eos_token");
-    probe.impl_->pad = id_of("pad_token");
-    probe.impl_->clean_up_spaces = c.value("clean_up_tokenization_spaces", false);
-    // add_bos_token / add_eos_token set what encoding adds, as transformers' Llama tokenizers do.
-    if (c.contains("add_bos_token") || c.contains("add_eos_token")) {
-      Template t;
-      const auto add = [&](const char* flag, const std::optional<int64_t>& id, const char* name) {
-        if (!c.value(flag, false)) return;
-        if (!id) config_fail(fmt::format("{}: {} is set but there is no {}", cfile, flag, name));
-        t.items.push_back({false, {*id}, {*probe.id_to_token(*id)}});
-      };
-      add("add_bos_token", probe.impl_->bos, "bos_token");
-      t.items.push_back({true, {}, {}});
-      add("add_eos_token", probe.impl_->eos, "eos_token");
-      probe.impl_->post = t.items.size() == 1 ? Template{} : std::move(t);
-    }
-    return probe;
-  }
+  if (const auto* added = stage("added_tokens")) impl->read_added_tokens(*added, root);
+  if (tokenizer_config) impl->read_tokenizer_config(*tokenizer_config);
   return Tokenizer(std::move(impl));
 }
 
@@ -431,18 +441,8 @@ std::string Tokenizer::decode(const std::vector<int64_t>& ids, bool skip_special
   return impl_->clean_up_spaces ? clean_up_spaces(std::move(text)) : text;
 }
 
-std::optional<int64_t> Tokenizer::token_to_id(const std::string& token) const {
-  if (const auto it = impl_->added_by_content.find(token); it != impl_->added_by_content.end()) {
-    return impl_->added[it->second].id;
-  }
-  return impl_->model->token_to_id(token);
-}
-
-std::optional<std::string> Tokenizer::id_to_token(int64_t id) const {
-  if (const auto it = impl_->added_by_id.find(id); it != impl_->added_by_id.end()) return impl_->added[it->second].content;
-  const auto* token = impl_->model->id_to_token(id);
-  return token ? std::optional<std::string>(*token) : std::nullopt;
-}
+std::optional<int64_t> Tokenizer::token_to_id(const std::string& token) const { return impl_->token_to_id(token); }
+std::optional<std::string> Tokenizer::id_to_token(int64_t id) const { return impl_->id_to_token(id); }
 
 int64_t Tokenizer::vocab_size() const {
   int64_t n = impl_->model->vocab_size();
@@ -464,15 +464,18 @@ const std::filesystem::path& Tokenizer::path() const { return impl_->file; }
 IncrementalDecoder::IncrementalDecoder(const Tokenizer& tokenizer, bool skip_special_tokens)
     : tokenizer_(tokenizer), skip_special_(skip_special_tokens) {}
 
+// The text of the window before the newest ids and with them. Decoders that look at neighbours (a
+// leading space stripped, bytes fused into characters) see the same context both times.
+std::pair<std::string, std::string> IncrementalDecoder::window() const {
+  const auto begin = ids_.begin() + static_cast<std::ptrdiff_t>(prefix_);
+  const std::vector<int64_t> before(begin, ids_.begin() + static_cast<std::ptrdiff_t>(read_));
+  const std::vector<int64_t> after(begin, ids_.end());
+  return {tokenizer_.decode(before, skip_special_), tokenizer_.decode(after, skip_special_)};
+}
+
 std::string IncrementalDecoder::push(int64_t id) {
   ids_.push_back(id);
-  // Decode a short window before and after the new id: decoders that look at neighbours (a
-  // leading space stripped, bytes fused into characters) see the same context both times.
-  const std::vector<int64_t> before(ids_.begin() + static_cast<std::ptrdiff_t>(prefix_),
-                                    ids_.begin() + static_cast<std::ptrdiff_t>(read_));
-  const std::vector<int64_t> after(ids_.begin() + static_cast<std::ptrdiff_t>(prefix_), ids_.end());
-  const auto old_text = tokenizer_.decode(before, skip_special_);
-  const auto new_text = tokenizer_.decode(after, skip_special_);
+  const auto [old_text, new_text] = window();
   const std::string replacement = "\xef\xbf\xbd";
   const bool incomplete = new_text.size() >= 3 && new_text.compare(new_text.size() - 3, 3, replacement) == 0;
   if (new_text.size() <= old_text.size() || incomplete) return {};
@@ -481,12 +484,12 @@ std::string IncrementalDecoder::push(int64_t id) {
   return new_text.substr(old_text.size());
 }
 
+void IncrementalDecoder::skip(const std::vector<int64_t>& ids) {
+  for (const auto id : ids) push(id);
+}
+
 std::string IncrementalDecoder::finish() {
-  const std::vector<int64_t> before(ids_.begin() + static_cast<std::ptrdiff_t>(prefix_),
-                                    ids_.begin() + static_cast<std::ptrdiff_t>(read_));
-  const std::vector<int64_t> after(ids_.begin() + static_cast<std::ptrdiff_t>(prefix_), ids_.end());
-  const auto old_text = tokenizer_.decode(before, skip_special_);
-  const auto new_text = tokenizer_.decode(after, skip_special_);
+  const auto [old_text, new_text] = window();
   prefix_ = read_ = ids_.size();
   return new_text.size() > old_text.size() ? new_text.substr(old_text.size()) : std::string();
 }

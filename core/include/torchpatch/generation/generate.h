@@ -21,6 +21,8 @@ struct TORCHPATCH_API GenerationProgress {
   int64_t step;            ///< tokens generated so far per row
   int64_t max_new_tokens;
   double elapsed_seconds;  ///< since the run started
+  std::vector<int64_t> tokens;  ///< the token each row just got (pad_token_id for a row that had stopped)
+  std::vector<bool> finished;   ///< per row: stopped at an end token (this step or before)
 };
 
 /// How to pick tokens, as Hugging Face's GenerationConfig (same defaults where it has them).

@@ -78,10 +78,15 @@ class TORCHPATCH_API IncrementalDecoder {
  public:
   explicit IncrementalDecoder(const Tokenizer& tokenizer, bool skip_special_tokens = false);
   std::string push(int64_t id);
+  /// Ids already shown (a prompt): they print nothing, and what follows is decoded in their context
+  /// (so the first generated word keeps its leading space).
+  void skip(const std::vector<int64_t>& ids);
   /// Whatever is still held back (an incomplete character at the end, as U+FFFD).
   std::string finish();
 
  private:
+  std::pair<std::string, std::string> window() const;
+
   const Tokenizer& tokenizer_;
   bool skip_special_;
   std::vector<int64_t> ids_;
