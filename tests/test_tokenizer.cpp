@@ -230,6 +230,27 @@ TEST_CASE("streaming after a prompt keeps the first word's leading space", "[tok
   }
 }
 
+TEST_CASE("streaming with clean_up_tokenization_spaces matches decode", "[tokenizer][stream]") {
+  // Llama-3 cleans up spaces: " 'm" decodes to "'m", so a space must not be shown before it is known
+  // what follows.
+  const auto tokenizer = Tokenizer::from_pretrained(tokenizer_dir("llama3"));
+  const std::string text = "I 'm here , really . Do n't stop ! It ' s ok ?  end  ";
+  const auto ids = tokenizer.encode(text, false).ids;
+  IncrementalDecoder stream(tokenizer);
+  std::string joined;
+  for (const auto id : ids) joined += stream.push(id);
+  joined += stream.finish();
+  CHECK(joined == tokenizer.decode(ids));
+}
+
+TEST_CASE("a split regex that backtracks without end is an error naming it", "[tokenizer][errors]") {
+  const SmallTokenizer t("backtracking", letters_model(),
+                         {{"pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "(a*)*b"}}}, {"behavior", "Isolated"},
+                                             {"invert", false}}}});
+  CHECK_THROWS_WITH(t.tokenizer.encode(std::string(40, 'a') + "c"),
+                    Contains("tokenizer.pre_tokenizer.pattern: regex '(a*)*b' cannot be matched against this text"));
+}
+
 TEST_CASE("tokenizer errors name the file and the cause", "[tokenizer][errors]") {
   using torchpatch::ConfigError;
   using torchpatch::InputError;

@@ -58,12 +58,14 @@ class Pattern {
   Pattern(const nlohmann::json& j, const Source& where);
   ~Pattern();
   Pattern(Pattern&&) noexcept;
-  /// Non-empty, non-overlapping matches in text, left to right.
+  /// Non-empty, non-overlapping matches in text, left to right. A regex that backtracks without
+  /// end on `text` is an InputError naming it.
   std::vector<Range> find_all(const std::string& text) const;
 
  private:
   struct Regex;
   std::string literal_;
+  std::string name_;  ///< file, JSON path and regex, for errors
   std::unique_ptr<Regex> regex_;
 };
 

@@ -105,6 +105,7 @@ Pattern::Pattern(const nlohmann::json& j, const Source& where) {
     if (literal_.empty()) fail(where, "an empty String pattern");
   } else if (j.is_object() && j.contains("Regex") && j["Regex"].is_string()) {
     const auto source = j["Regex"].get<std::string>();
+    name_ = fmt::format("{}: {}: regex '{}'", where.file, where.path, source);
     const auto translated = boost_syntax(source, where);
     try {
       regex_ = std::make_unique<Regex>(Regex{boost::make_u32regex(translated, boost::regex::perl)});
@@ -128,11 +129,15 @@ std::vector<Range> Pattern::find_all(const std::string& text) const {
     return out;
   }
   const char* begin = text.data();
-  boost::u32regex_iterator<const char*> it(begin, begin + text.size(), regex_->re), end;
-  for (; it != end; ++it) {
-    const auto& m = (*it)[0];
-    if (m.first == m.second) continue;
-    out.emplace_back(static_cast<size_t>(m.first - begin), static_cast<size_t>(m.second - begin));
+  try {
+    boost::u32regex_iterator<const char*> it(begin, begin + text.size(), regex_->re), end;
+    for (; it != end; ++it) {
+      const auto& m = (*it)[0];
+      if (m.first == m.second) continue;
+      out.emplace_back(static_cast<size_t>(m.first - begin), static_cast<size_t>(m.second - begin));
+    }
+  } catch (const std::runtime_error& e) {  // Boost.Regex's complexity and stack limits
+    throw InputError(fmt::format("{} cannot be matched against this text: {}", name_, e.what()));
   }
   return out;
 }

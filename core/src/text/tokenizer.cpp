@@ -3,6 +3,7 @@
 #include "torchpatch/text/tokenizer.h"
 
 #include <algorithm>
+#include <string_view>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -395,12 +396,14 @@ PaddedBatch Tokenizer::encode_padded(const std::vector<std::string>& texts, bool
 }
 
 namespace {
-// transformers' clean_up_tokenization: the spaces English punctuation and contractions do not take.
+// transformers' clean_up_tokenization, in its order: the spaces English punctuation and
+// contractions do not take.
+const std::pair<const char*, const char*> kCleanUpRules[] = {
+    {" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"},
+    {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+
 std::string clean_up_spaces(std::string s) {
-  static const std::pair<const char*, const char*> rules[] = {
-      {" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"},
-      {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
-  for (const auto& [from, to] : rules) {
+  for (const auto& [from, to] : kCleanUpRules) {
     std::string out;
     const std::string f(from);
     size_t at = 0;
@@ -458,8 +461,27 @@ bool Tokenizer::is_special(int64_t id) const {
   return it != impl_->added_by_id.end() && impl_->added[it->second].special;
 }
 const std::filesystem::path& Tokenizer::path() const { return impl_->file; }
+bool Tokenizer::cleans_up_spaces() const { return impl_->clean_up_spaces; }
 
 // Incremental decoding -----------------------------------------------------------------------------
+
+namespace {
+
+// The length of the longest end of `text` that begins a clean-up rule without completing it
+// (" ", " '", " n'", ...): what the next token may still rewrite.
+size_t clean_up_pending(const std::string& text) {
+  for (size_t n = std::min<size_t>(text.size(), 3); n > 0; --n) {
+    const auto end = std::string_view(text).substr(text.size() - n);
+    if (end[0] != ' ') continue;
+    for (const auto& rule : kCleanUpRules) {
+      const std::string_view from(rule.first);
+      if (end.size() < from.size() && from.compare(0, end.size(), end) == 0) return n;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
 
 IncrementalDecoder::IncrementalDecoder(const Tokenizer& tokenizer, bool skip_special_tokens)
     : tokenizer_(tokenizer), skip_special_(skip_special_tokens) {}
@@ -478,10 +500,16 @@ std::string IncrementalDecoder::push(int64_t id) {
   const auto [old_text, new_text] = window();
   const std::string replacement = "\xef\xbf\xbd";
   const bool incomplete = new_text.size() >= 3 && new_text.compare(new_text.size() - 3, 3, replacement) == 0;
-  if (new_text.size() <= old_text.size() || incomplete) return {};
-  prefix_ = read_;
+  // What was shown of the window so far; the rest of old_text is held back.
+  const size_t shown = old_text.size() - std::min(held_, old_text.size());
+  if (new_text.size() <= shown || incomplete) return {};
+  std::string piece = new_text.substr(shown);
+  // The end of the text that a clean-up of spaces may still rewrite (" '" before "m") waits.
+  held_ = tokenizer_.cleans_up_spaces() ? clean_up_pending(piece) : 0;
+  piece.resize(piece.size() - held_);
+  if (held_ == 0) prefix_ = read_;  // the window keeps what is held back
   read_ = ids_.size();
-  return new_text.substr(old_text.size());
+  return piece;
 }
 
 void IncrementalDecoder::skip(const std::vector<int64_t>& ids) {
@@ -490,8 +518,10 @@ void IncrementalDecoder::skip(const std::vector<int64_t>& ids) {
 
 std::string IncrementalDecoder::finish() {
   const auto [old_text, new_text] = window();
+  const size_t shown = old_text.size() - std::min(held_, old_text.size());
   prefix_ = read_ = ids_.size();
-  return new_text.size() > old_text.size() ? new_text.substr(old_text.size()) : std::string();
+  held_ = 0;
+  return new_text.size() > shown ? new_text.substr(shown) : std::string();
 }
 
 }  // namespace torchpatch::text

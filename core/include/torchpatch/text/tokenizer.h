@@ -65,6 +65,8 @@ class TORCHPATCH_API Tokenizer {
   bool is_special(int64_t id) const;
   /// The tokenizer.json file it was read from.
   const std::filesystem::path& path() const;
+  /// Whether decode applies tokenizer_config.json's clean_up_tokenization_spaces (" ," -> ",").
+  bool cleans_up_spaces() const;
 
  private:
   struct Impl;
@@ -73,7 +75,9 @@ class TORCHPATCH_API Tokenizer {
 };
 
 /// Turns a stream of generated ids into text without splitting a multi-byte character: each
-/// `push` returns the text that became final (possibly empty).
+/// `push` returns the text that became final (possibly empty). With a tokenizer that cleans up
+/// spaces (" ," -> ",", " n't" -> "n't"), an end that the next token may still rewrite (" ", " n")
+/// is held back, so the stream gives what `decode` gives.
 class TORCHPATCH_API IncrementalDecoder {
  public:
   explicit IncrementalDecoder(const Tokenizer& tokenizer, bool skip_special_tokens = false);
@@ -91,6 +95,7 @@ class TORCHPATCH_API IncrementalDecoder {
   bool skip_special_;
   std::vector<int64_t> ids_;
   size_t prefix_ = 0, read_ = 0;
+  size_t held_ = 0;  ///< trailing spaces of the decoded text not shown yet
 };
 
 }  // namespace torchpatch::text
