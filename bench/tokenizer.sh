@@ -24,4 +24,4 @@ if command -v node >/dev/null && command -v npm >/dev/null; then
     "$data/llama2" "$data/llama3" "$data/qwen3" > "$work/js.jsonl"
   js_args=(--js "$work/js.jsonl")
 fi
-"$build/bin/bench_tokenizer" "$data" --mb "$mb" "${js_args[@]}"
+"$build/bin/bench_tokenizer" "$data" --mb "$mb" ${js_args[@]+"${js_args[@]}"}

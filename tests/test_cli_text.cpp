@@ -136,6 +136,9 @@ TEST_CASE("cli tokenize and detokenize one text, with tokens and offsets", "[cli
   const auto dashes = torchpatch_cli("tokenize --no-special-tokens" + llama3 + " -- --x");
   CHECK(dashes.code == 0);
   CHECK(dashes.out == torchpatch_cli("tokenize --no-special-tokens" + llama3 + " -", "printf '%s' --x |").out);
+  const auto debug = torchpatch_cli("tokenize --no-special-tokens" + llama3 + " -- --debug");  // a text, not the flag
+  CHECK(debug.code == 0);
+  CHECK(debug.out == torchpatch_cli("tokenize --no-special-tokens" + llama3 + " -", "printf '%s' --debug |").out);
 }
 
 TEST_CASE("cli tokenize and detokenize: bad arguments and bad input", "[cli][text][errors]") {

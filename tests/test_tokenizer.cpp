@@ -230,6 +230,22 @@ TEST_CASE("streaming after a prompt keeps the first word's leading space", "[tok
   }
 }
 
+TEST_CASE("streaming after a prompt that ends in a space shows the space once", "[tokenizer][stream]") {
+  // Llama-3 cleans up spaces, so the prompt's trailing space is held back while skipping: it must
+  // not come out again with the first new token.
+  const auto tokenizer = Tokenizer::from_pretrained(tokenizer_dir("llama3"));
+  const auto prompt = tokenizer.encode("Hello ", false).ids;
+  const auto more = tokenizer.encode(" world", false).ids;
+  auto all = prompt;
+  all.insert(all.end(), more.begin(), more.end());
+  IncrementalDecoder stream(tokenizer);
+  stream.skip(prompt);
+  std::string continuation;
+  for (const auto id : more) continuation += stream.push(id);
+  continuation += stream.finish();
+  CHECK(std::string("Hello ") + continuation == tokenizer.decode(all));
+}
+
 TEST_CASE("streaming with clean_up_tokenization_spaces matches decode", "[tokenizer][stream]") {
   // Llama-3 cleans up spaces: " 'm" decodes to "'m", so a space must not be shown before it is known
   // what follows.

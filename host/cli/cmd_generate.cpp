@@ -100,11 +100,13 @@ std::function<void(const GenerationProgress&)> progress_printer(bool* printed) {
 // Prints a one-row generation's prompt with its first token (so a prompt the model refuses prints
 // nothing), then the text as it is produced, flushed per token (special tokens, such as the end
 // token, are not shown).
-std::function<void(const GenerationProgress&)> text_streamer(std::string prompt,
+std::function<void(const GenerationProgress&)> text_streamer(const text::Tokenizer& tokenizer, std::string prompt,
                                                             std::shared_ptr<text::IncrementalDecoder> decoder) {
-  return [prompt = std::move(prompt), decoder](const GenerationProgress& p) {
+  return [&tokenizer, prompt = std::move(prompt), decoder](const GenerationProgress& p) {
     if (p.step == 1) std::cout << prompt;
-    std::cout << decoder->push(p.tokens.at(0)) << std::flush;
+    const auto id = p.tokens.at(0);
+    // An id past the tokenizer's vocabulary (a model's padded embedding rows) has no text.
+    if (tokenizer.id_to_token(id)) std::cout << decoder->push(id) << std::flush;
   };
 }
 
@@ -153,7 +155,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
     decoder = std::make_shared<text::IncrementalDecoder>(*tokenizer, true);
     const auto prompt_ids = inputs.input_ids[0].contiguous();
     decoder->skip({prompt_ids.data_ptr<int64_t>(), prompt_ids.data_ptr<int64_t>() + prompt_ids.numel()});
-    config.on_step = text_streamer(prompt_text(args), decoder);
+    config.on_step = text_streamer(*tokenizer, prompt_text(args), decoder);
   } else if (!args.flag("json")) {
     config.on_step = progress_printer(&progress_shown);
   }
@@ -184,7 +186,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
       const auto prompt_ids = inputs.input_ids[b].contiguous();
       row_text.skip({prompt_ids.data_ptr<int64_t>(), prompt_ids.data_ptr<int64_t>() + prompt_ids.numel()});
       std::string text;
-      for (const auto id : ids) text += row_text.push(id);
+      for (const auto id : ids) text += tokenizer->id_to_token(id) ? row_text.push(id) : std::string();
       rows.back()["text"] = text + row_text.finish();
     }
   }

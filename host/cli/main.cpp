@@ -49,8 +49,10 @@ int main(int argc, char** argv) {
   const std::string command = all[0];
   std::vector<std::string> rest;
   bool debug = false;
+  bool options_ended = false;  // after "--" a "--debug" is an argument of the command
   for (auto it = all.begin() + 1; it != all.end(); ++it) {
-    if (*it == "--debug") debug = true;
+    options_ended = options_ended || *it == "--";
+    if (*it == "--debug" && !options_ended) debug = true;
     else rest.push_back(*it);
   }
   try {

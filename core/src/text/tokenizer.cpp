@@ -514,6 +514,7 @@ std::string IncrementalDecoder::push(int64_t id) {
 
 void IncrementalDecoder::skip(const std::vector<int64_t>& ids) {
   for (const auto id : ids) push(id);
+  held_ = 0;  // the caller has shown these ids' text, held-back end included
 }
 
 std::string IncrementalDecoder::finish() {
