@@ -1,7 +1,8 @@
 // Decoding one token reads every weight once, so its speed is memory bandwidth. OpenBLAS's sgemv
 // keeps few loads in flight and reaches about half of what one core can stream here; these kernels
-// walk eight rows at once and prefetch the next eight, which keeps the memory system busy
-// (measured on the benchmark machine: 18 GB/s for sgemv, about 33 GB/s for the AVX-512 kernel).
+// walk four rows at once and prefetch the next four, which keeps the memory system busy. Four rows
+// read about 0.95 of a plain sum over the same bytes on the benchmark machine, eight rows 0.85 and
+// one row 0.9 (docs/quantization.md, "The decode step").
 #include "nn/gemv.h"
 
 #include <algorithm>
@@ -19,7 +20,7 @@ namespace torchpatch::nn {
 
 namespace {
 
-constexpr int kRows = 8;             // rows per block: eight independent accumulators
+constexpr int kRows = 4;             // rows per block: four independent accumulators
 constexpr int64_t kPrefetchBytes = 2048;  // how far past the next block's matching line to prefetch
 
 // ROWS consecutive rows of W times x. ROWS is a compile-time constant so the accumulators stay in
@@ -95,7 +96,7 @@ void fast_gemv(DecodeKernel kernel, const float* w, const float* x, float* y, in
   const int64_t blocks = (n + kRows - 1) / kRows;
   const bool wide = kernel == DecodeKernel::kAvx512;
   const auto end_of_weight = reinterpret_cast<std::uintptr_t>(w + n * k);
-  // Each thread takes whole blocks of rows; 32 blocks (about 100 KB of weights at k = 768) at least.
+  // Each thread takes whole blocks of rows; 32 blocks (about 50 KB of weights at k = 768) at least.
   at::parallel_for(0, blocks, 32, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const int64_t row = b * kRows;
