@@ -9,6 +9,7 @@
 #include "torchpatch/error.h"
 #include "torchpatch/runtime/auto.h"
 #include "torchpatch/nn/linear.h"
+#include "torchpatch/nn/moe.h"
 #include "torchpatch/models/qwen2_moe.h"
 #include "torchpatch/models/qwen3_moe.h"
 #include "torchpatch/nn/rotary.h"
@@ -245,4 +246,51 @@ TEST_CASE("output capture: attentions, and recorders follow a replacement", "[ou
   const auto fused_out = fused->forward(in);
   CHECK(testutil::close("attentions through FusedQKVAttention", fused_out.captured.at("attentions")[2], attentions[2],
                         {}, 1e-5, 1e-4));
+}
+
+TEST_CASE("one decoded token takes the direct experts path and gets the grouped loop's numbers exactly", "[moe]") {
+  at::manual_seed(7);
+  nn::ExpertsOptions options;
+  options.hidden_size = 64;
+  options.num_experts = 8;
+  options.intermediate_size = 32;
+  nn::FusedExperts experts(options);
+  at::NoGradGuard no_grad;
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    experts.to(dtype);
+    const auto hidden = at::randn({2, 64}).to(dtype);
+    // Three experts a token (two sums commute exactly, three do not), row 0's out of order: the sum
+    // must still run in ascending expert order.
+    const auto indices = at::tensor(std::vector<int64_t>{6, 1, 4, 0, 3, 7}).view({2, 3});
+    const auto weights = at::tensor(std::vector<float>{0.5f, 0.3f, 0.2f, 0.6f, 0.3f, 0.1f}).view({2, 3}).to(dtype);
+    const auto two_tokens = experts.forward_grouped(hidden, indices, weights);  // the sorted, gathered loop
+    for (int64_t t = 0; t < 2; ++t) {
+      const auto one = experts.forward_grouped(hidden.narrow(0, t, 1), indices.narrow(0, t, 1), weights.narrow(0, t, 1));
+      const auto eager = experts.forward_eager(hidden.narrow(0, t, 1), indices.narrow(0, t, 1), weights.narrow(0, t, 1));
+      INFO(c10::toString(dtype) << " token " << t << ": max |one - grouped| = "
+                                << (one - two_tokens.narrow(0, t, 1)).abs().max().item<double>());
+      CHECK(at::equal(one, two_tokens.narrow(0, t, 1)));
+      CHECK(at::equal(one, eager));
+      CHECK(one.scalar_type() == dtype);
+    }
+  }
+}
+
+TEST_CASE("experts refuse an expert index outside their range, whatever its integer type", "[moe][errors]") {
+  nn::ExpertsOptions options;
+  options.hidden_size = 64;
+  options.num_experts = 8;
+  options.intermediate_size = 32;
+  nn::FusedExperts experts(options);
+  at::NoGradGuard no_grad;
+  const auto hidden = at::randn({2, 64});
+  const auto weights = at::full({2, 2}, 0.5);
+  for (const auto dtype : {at::kLong, at::kInt}) {
+    for (const int64_t bad : {int64_t{8}, int64_t{-1}}) {
+      const auto indices = at::tensor(std::vector<int64_t>{0, 3, bad, 1}).view({2, 2}).to(dtype);
+      CHECK_THROWS_WITH(experts.forward(hidden, indices, weights), Contains("an expert index is outside 0..7"));
+    }
+    CHECK(experts.forward(hidden, at::tensor(std::vector<int64_t>{0, 7, 2, 1}).view({2, 2}).to(dtype), weights)
+              .sizes() == hidden.sizes());
+  }
 }

@@ -1,6 +1,8 @@
 // The role contracts: what every implementation of a role owes its callers, done once here.
 #include "torchpatch/patching/roles.h"
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
@@ -67,9 +69,14 @@ at::Tensor Experts::forward(const at::Tensor& hidden, const at::Tensor& indices,
                                  hidden.size(0)));
   }
   const int64_t experts = expert_count();
-  if (experts > 0 && indices.numel() > 0 &&
-      (indices.min().item<int64_t>() < 0 || indices.max().item<int64_t>() >= experts)) {
-    throw InputError(fmt::format("experts at {}: an expert index is outside 0..{}", patch_record().path, experts - 1));
+  if (experts > 0 && indices.numel() > 0) {
+    // Read off the tensor: two reductions would cost more dispatch than a decode step's experts.
+    const auto ids = indices.to(at::kCPU, at::kLong).contiguous();
+    const auto* id = ids.data_ptr<int64_t>();
+    const auto [low, high] = std::minmax_element(id, id + ids.numel());
+    if (*low < 0 || *high >= experts) {
+      throw InputError(fmt::format("experts at {}: an expert index is outside 0..{}", patch_record().path, experts - 1));
+    }
   }
   auto out = forward_impl(hidden, indices, weights);
   report_outputs(*this, {out});
