@@ -5,6 +5,7 @@
 namespace torchpatch::cli {
 
 Args::Args(const std::vector<OptionSpec>& specs, const std::vector<std::string>& argv, std::size_t max_positional) {
+  for (const auto& spec : specs) accepted_.insert(spec.name);
   bool options_ended = false;  // after "--" everything is positional (a text may start with dashes)
   for (std::size_t i = 0; i < argv.size(); ++i) {
     const std::string& arg = argv[i];

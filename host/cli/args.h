@@ -3,6 +3,7 @@
 
 #include <map>
 #include <stdexcept>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,8 @@ class Args {
 
   bool flag(const std::string& name) const { return values_.count(name) > 0; }
   bool has(const std::string& name) const { return values_.count(name) > 0; }
+  /// Whether the command takes option `name` at all (it is among the specs).
+  bool accepts(const std::string& name) const { return accepted_.count(name) > 0; }
   /// The value of a single-valued option ("" when absent).
   std::string value(const std::string& name) const;
   /// All values of a repeatable option.
@@ -39,6 +42,7 @@ class Args {
  private:
   std::map<std::string, std::vector<std::string>> values_;
   std::vector<std::string> positional_;
+  std::set<std::string> accepted_;
 };
 
 /// The usage text of a command from its specs.

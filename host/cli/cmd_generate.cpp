@@ -110,6 +110,17 @@ std::function<void(const GenerationProgress&)> text_streamer(const text::Tokeniz
   };
 }
 
+// What a row's new tokens read as after its prompt: decoded in the prompt's context, as streamed.
+std::string continuation_text(const text::Tokenizer& tokenizer, const at::Tensor& prompt_ids,
+                              const std::vector<int64_t>& new_ids) {
+  text::IncrementalDecoder decoder(tokenizer, true);
+  const auto prompt = prompt_ids.contiguous();
+  decoder.skip({prompt.data_ptr<int64_t>(), prompt.data_ptr<int64_t>() + prompt.numel()});
+  std::string text;
+  for (const auto id : new_ids) text += tokenizer.id_to_token(id) ? decoder.push(id) : std::string();
+  return text + decoder.finish();
+}
+
 }  // namespace
 
 int cmd_generate(const std::vector<std::string>& argv) {
@@ -140,7 +151,8 @@ int cmd_generate(const std::vector<std::string>& argv) {
   }
   const auto tokenizer = prompt_tokenizer(args);
   // position_ids in an inputs file are not used: generation derives them from attention_mask.
-  const ModelInputs inputs = read_model_inputs(args, tokenizer ? &*tokenizer : nullptr);
+  std::string prompt_read;  // a text prompt as read, echoed when streaming
+  const ModelInputs inputs = read_model_inputs(args, tokenizer ? &*tokenizer : nullptr, &prompt_read);
 
   const auto host = open_plugin_host(args);
   const BuiltModel built = build_model(*host, args);
@@ -155,7 +167,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
     decoder = std::make_shared<text::IncrementalDecoder>(*tokenizer, true);
     const auto prompt_ids = inputs.input_ids[0].contiguous();
     decoder->skip({prompt_ids.data_ptr<int64_t>(), prompt_ids.data_ptr<int64_t>() + prompt_ids.numel()});
-    config.on_step = text_streamer(*tokenizer, prompt_text(args), decoder);
+    config.on_step = text_streamer(*tokenizer, prompt_read, decoder);
   } else if (!args.flag("json")) {
     config.on_step = progress_printer(&progress_shown);
   }
@@ -165,7 +177,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
   }
   const auto out = generate(*built.model, inputs.input_ids, inputs.attention_mask, config);
   if (progress_shown) std::cerr << "\n";
-  if (decoder) std::cout << (out.new_tokens == 0 ? prompt_text(args) : std::string()) << decoder->finish() << std::endl;
+  if (decoder) std::cout << (out.new_tokens == 0 ? prompt_read : std::string()) << decoder->finish() << std::endl;
 
   if (args.has("output")) {
     // Step 0 is the prefill; a run of no steps writes [0, B, V].
@@ -181,14 +193,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
     const auto fresh = out.sequences[b].narrow(0, prompt, out.new_tokens).contiguous();
     const std::vector<int64_t> ids(fresh.data_ptr<int64_t>(), fresh.data_ptr<int64_t>() + fresh.numel());
     rows.push_back({{"row", b}, {"new_ids", ids}});
-    if (tokenizer) {  // decoded after the prompt, as it was streamed
-      text::IncrementalDecoder row_text(*tokenizer, true);
-      const auto prompt_ids = inputs.input_ids[b].contiguous();
-      row_text.skip({prompt_ids.data_ptr<int64_t>(), prompt_ids.data_ptr<int64_t>() + prompt_ids.numel()});
-      std::string text;
-      for (const auto id : ids) text += tokenizer->id_to_token(id) ? row_text.push(id) : std::string();
-      rows.back()["text"] = text + row_text.finish();
-    }
+    if (tokenizer && args.flag("json")) rows.back()["text"] = continuation_text(*tokenizer, inputs.input_ids[b], ids);
   }
   const auto counters = counter_report(*built.model);
   const auto batch = out.sequences.size(0);

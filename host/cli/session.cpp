@@ -158,6 +158,8 @@ std::optional<text::Tokenizer> prompt_tokenizer(const Args& args) {
   return open_tokenizer(args);
 }
 
+namespace {
+// The text of --prompt or --prompt-file ("" when neither is given).
 std::string prompt_text(const Args& args) {
   if (args.has("prompt")) return args.value("prompt");
   if (!args.has("prompt-file")) return {};
@@ -170,10 +172,21 @@ std::string prompt_text(const Args& args) {
   if (file.bad()) throw InputError(fmt::format("--prompt-file {}: cannot read it", printable(path)));
   return text.str();
 }
+}  // namespace
 
-ModelInputs read_model_inputs(const Args& args, const text::Tokenizer* tokenizer) {
-  const int given = args.has("prompt-ids") + args.has("inputs") + args.has("prompt") + args.has("prompt-file");
-  if (given != 1) throw UsageError("give exactly one of --prompt, --prompt-file, --prompt-ids and --inputs");
+ModelInputs read_model_inputs(const Args& args, const text::Tokenizer* tokenizer, std::string* prompt) {
+  std::vector<std::string> sources;  // the ones this command takes, for the message
+  int given = 0;
+  for (const char* name : {"prompt", "prompt-file", "prompt-ids", "inputs"}) {
+    if (args.accepts(name)) sources.push_back(fmt::format("--{}", name));
+    given += args.has(name);
+  }
+  if (given != 1 && sources.size() == 1) throw UsageError("give " + sources.front());
+  if (given != 1) {
+    const auto last = sources.back();
+    sources.pop_back();
+    throw UsageError(fmt::format("give exactly one of {} and {}", fmt::join(sources, ", "), last));
+  }
   ModelInputs in;
   if (args.has("prompt-ids")) {
     const auto ids = parse_int_list(args.value("prompt-ids"), "--prompt-ids");
@@ -182,8 +195,10 @@ ModelInputs read_model_inputs(const Args& args, const text::Tokenizer* tokenizer
   }
   if (args.has("prompt") || args.has("prompt-file")) {
     if (tokenizer == nullptr) throw UsageError("a text prompt needs a tokenizer (--model DIR or --tokenizer DIR)");
-    const auto ids = tokenizer->encode(prompt_text(args)).ids;
+    auto text = prompt_text(args);
+    const auto ids = tokenizer->encode(text).ids;
     if (ids.empty()) throw InputError("the prompt encodes to no tokens: give some text");
+    if (prompt) *prompt = std::move(text);
     in.input_ids = at::tensor(ids, at::kLong).unsqueeze(0);
     return in;
   }

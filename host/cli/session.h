@@ -53,17 +53,15 @@ std::vector<OptionSpec> prompt_options();
 /// The tokenizer of --tokenizer DIR, else of --model DIR; nullopt when neither is given.
 std::optional<text::Tokenizer> open_tokenizer(const Args& args);
 
-/// The text of --prompt or --prompt-file ("" when neither is given).
-std::string prompt_text(const Args& args);
-
 /// The tokenizer a text prompt needs (open_tokenizer), or nullopt for a prompt of ids; UsageError
 /// when a text prompt has no tokenizer to read.
 std::optional<text::Tokenizer> prompt_tokenizer(const Args& args);
 
 /// --prompt-ids 1,2,3 or --prompt TEXT / --prompt-file FILE encoded with `tokenizer` (a batch of one),
 /// or --inputs FILE.safetensors (input_ids and optionally attention_mask, position_ids, token_type_ids);
-/// exactly one of them.
-ModelInputs read_model_inputs(const Args& args, const text::Tokenizer* tokenizer = nullptr);
+/// exactly one of them. `prompt`, when given, receives a text prompt as read.
+ModelInputs read_model_inputs(const Args& args, const text::Tokenizer* tokenizer = nullptr,
+                              std::string* prompt = nullptr);
 
 /// Prints a loading report that is not clean (to stderr), one line per key.
 void print_load_report(const BuiltModel& built);
