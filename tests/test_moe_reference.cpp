@@ -248,13 +248,20 @@ TEST_CASE("output capture: attentions, and recorders follow a replacement", "[ou
                         {}, 1e-5, 1e-4));
 }
 
-TEST_CASE("one decoded token takes the direct experts path and gets the grouped loop's numbers exactly", "[moe]") {
-  at::manual_seed(7);
+namespace {
+// Eight experts of width 32 over a hidden size of 64, randomly initialised.
+nn::ExpertsOptions small_experts() {
   nn::ExpertsOptions options;
   options.hidden_size = 64;
   options.num_experts = 8;
   options.intermediate_size = 32;
-  nn::FusedExperts experts(options);
+  return options;
+}
+}  // namespace
+
+TEST_CASE("one decoded token takes the direct experts path and gets the grouped loop's numbers exactly", "[moe]") {
+  at::manual_seed(7);
+  nn::FusedExperts experts(small_experts());
   at::NoGradGuard no_grad;
   for (const auto dtype : {at::kFloat, at::kBFloat16}) {
     experts.to(dtype);
@@ -277,11 +284,7 @@ TEST_CASE("one decoded token takes the direct experts path and gets the grouped 
 }
 
 TEST_CASE("experts refuse an expert index outside their range, whatever its integer type", "[moe][errors]") {
-  nn::ExpertsOptions options;
-  options.hidden_size = 64;
-  options.num_experts = 8;
-  options.intermediate_size = 32;
-  nn::FusedExperts experts(options);
+  nn::FusedExperts experts(small_experts());
   at::NoGradGuard no_grad;
   const auto hidden = at::randn({2, 64});
   const auto weights = at::full({2, 2}, 0.5);
