@@ -257,6 +257,13 @@ nn::ExpertsOptions small_experts() {
   options.intermediate_size = 32;
   return options;
 }
+
+// Bit for bit, so that -0.0 and +0.0 differ (at::equal calls them equal).
+bool same_bits(const at::Tensor& a, const at::Tensor& b) {
+  const auto bits = a.element_size() == 4 ? at::kInt : at::kShort;
+  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
+         at::equal(a.contiguous().view(bits), b.contiguous().view(bits));
+}
 }  // namespace
 
 TEST_CASE("one decoded token takes the direct experts path and gets the grouped loop's numbers exactly", "[moe]") {
@@ -267,19 +274,32 @@ TEST_CASE("one decoded token takes the direct experts path and gets the grouped 
     experts.to(dtype);
     const auto hidden = at::randn({2, 64}).to(dtype);
     // Three experts a token (two sums commute exactly, three do not), row 0's out of order: the sum
-    // must still run in ascending expert order.
+    // must still run in ascending expert order. The rows share no expert, so every expert of the
+    // two-token grouped loop runs on one row, the same product as the one-token path's.
     const auto indices = at::tensor(std::vector<int64_t>{6, 1, 4, 0, 3, 7}).view({2, 3});
     const auto weights = at::tensor(std::vector<float>{0.5f, 0.3f, 0.2f, 0.6f, 0.3f, 0.1f}).view({2, 3}).to(dtype);
     const auto two_tokens = experts.forward_grouped(hidden, indices, weights);  // the sorted, gathered loop
     for (int64_t t = 0; t < 2; ++t) {
-      const auto one = experts.forward_grouped(hidden.narrow(0, t, 1), indices.narrow(0, t, 1), weights.narrow(0, t, 1));
-      const auto eager = experts.forward_eager(hidden.narrow(0, t, 1), indices.narrow(0, t, 1), weights.narrow(0, t, 1));
-      INFO(c10::toString(dtype) << " token " << t << ": max |one - grouped| = "
-                                << (one - two_tokens.narrow(0, t, 1)).abs().max().item<double>());
-      CHECK(at::equal(one, two_tokens.narrow(0, t, 1)));
-      CHECK(at::equal(one, eager));
-      CHECK(one.scalar_type() == dtype);
+      for (const auto id_type : {at::kLong, at::kInt}) {
+        const auto ids = indices.narrow(0, t, 1).to(id_type);
+        const auto one = experts.forward_grouped(hidden.narrow(0, t, 1), ids, weights.narrow(0, t, 1));
+        const auto eager = experts.forward_eager(hidden.narrow(0, t, 1), ids, weights.narrow(0, t, 1));
+        INFO(c10::toString(dtype) << " token " << t << ": max |one - grouped| = "
+                                  << (one - two_tokens.narrow(0, t, 1)).abs().max().item<double>());
+        CHECK(same_bits(one, two_tokens.narrow(0, t, 1)));
+        CHECK(same_bits(one, eager));
+      }
     }
+    // One expert with weight zero: every output is a zero whose sign the scatter into zeros decides.
+    const auto zero = experts.forward_grouped(hidden.narrow(0, 0, 1), indices.narrow(0, 0, 1).narrow(1, 0, 1),
+                                              at::zeros({1, 1}).to(dtype));
+    CHECK(same_bits(zero, experts.forward_eager(hidden.narrow(0, 0, 1), indices.narrow(0, 0, 1).narrow(1, 0, 1),
+                                                at::zeros({1, 1}).to(dtype))));
+    // An expert chosen twice (replayed routes may do that): it runs once on two rows, as in the loops.
+    const auto twice = at::tensor(std::vector<int64_t>{2, 2}).view({1, 2});
+    const auto halves = at::full({1, 2}, 0.5).to(dtype);
+    CHECK(same_bits(experts.forward_grouped(hidden.narrow(0, 1, 1), twice, halves),
+                    experts.forward_eager(hidden.narrow(0, 1, 1), twice, halves)));
   }
 }
 

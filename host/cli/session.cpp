@@ -181,7 +181,9 @@ ModelInputs read_model_inputs(const Args& args, const text::Tokenizer* tokenizer
     if (args.accepts(name)) sources.push_back(fmt::format("--{}", name));
     given += args.has(name);
   }
-  if (given != 1 && sources.size() == 1) throw UsageError("give " + sources.front());
+  if (given != 1 && sources.size() <= 1) {
+    throw UsageError(sources.empty() ? std::string("this command takes no model inputs") : "give " + sources.front());
+  }
   if (given != 1) {
     const auto last = sources.back();
     sources.pop_back();

@@ -96,7 +96,7 @@ void fast_gemv(DecodeKernel kernel, const float* w, const float* x, float* y, in
   const int64_t blocks = (n + kRows - 1) / kRows;
   const bool wide = kernel == DecodeKernel::kAvx512;
   const auto end_of_weight = reinterpret_cast<std::uintptr_t>(w + n * k);
-  // Each thread takes whole blocks of rows; 32 blocks (about 50 KB of weights at k = 768) at least.
+  // Each thread takes whole blocks of rows, 32 blocks at least: 128 rows, 384 KiB of weights at k = 768.
   at::parallel_for(0, blocks, 32, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const int64_t row = b * kRows;

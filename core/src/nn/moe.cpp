@@ -79,30 +79,39 @@ at::Tensor FusedExperts::forward_grouped(const at::Tensor& hidden, const at::Ten
 namespace {
 
 // One token (decoding at batch 1): its chosen experts in ascending order, each on the token's row as
-// it is. The same additions in the same order as the grouped loop's scatter, without the sort,
-// bincount, gathers and scatter, whose dispatch costs more than the products of small experts.
+// it is. The same additions in the same order as the grouped loop's scatter (into zeros, so even the
+// sign of a zero agrees), without the sort, bincount, gathers and scatter, whose dispatch costs more
+// than the products of small experts. Returns an undefined tensor when the grouped loop must decide:
+// an expert chosen twice (it runs once on two rows there, with another product's rounding) or an id
+// out of range (its error is the grouped loop's).
 at::Tensor one_token_experts(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights,
-                             Activation act, const ExpertProjections& projections) {
-  const auto ids = indices.to(at::kLong).contiguous();
+                             int64_t num_experts, Activation act, const ExpertProjections& projections) {
+  const auto ids = indices.to(at::kCPU, at::kLong).contiguous();
   const auto* id = ids.data_ptr<int64_t>();
   std::vector<int64_t> slots(static_cast<std::size_t>(ids.numel()));
   for (std::size_t k = 0; k < slots.size(); ++k) slots[k] = static_cast<int64_t>(k);
   std::stable_sort(slots.begin(), slots.end(), [&](int64_t a, int64_t b) { return id[a] < id[b]; });
-  at::Tensor out;
+  for (std::size_t k = 0; k < slots.size(); ++k) {
+    const auto e = id[slots[k]];
+    if (e < 0 || e >= num_experts || (k > 0 && e == id[slots[k - 1]])) return {};
+  }
+  auto out = at::zeros_like(hidden);
   for (const auto slot : slots) {
     auto gate_up = projections.gate_up(id[slot], hidden).chunk(2, -1);
-    auto y = (projections.down(id[slot], activate(act, gate_up[0]) * gate_up[1]) * weights.select(1, slot).unsqueeze(-1))
-                 .to(hidden.scalar_type());
-    out = out.defined() ? out.add_(y) : y;
+    auto y = projections.down(id[slot], activate(act, gate_up[0]) * gate_up[1]) * weights.select(1, slot).unsqueeze(-1);
+    out.add_(y.to(out.scalar_type()));
   }
-  return out.defined() ? out : at::zeros_like(hidden);
+  return out;
 }
 
 }  // namespace
 
 at::Tensor grouped_experts(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights,
                            int64_t num_experts, Activation act, const ExpertProjections& projections) {
-  if (hidden.size(0) == 1 && !at::GradMode::is_enabled()) return one_token_experts(hidden, indices, weights, act, projections);
+  if (hidden.dim() == 2 && hidden.size(0) == 1 && !at::GradMode::is_enabled()) {
+    auto out = one_token_experts(hidden, indices, weights, num_experts, act, projections);
+    if (out.defined()) return out;
+  }
   const int64_t top_k = indices.size(1);
   // Token-expert pairs sorted by expert (stable: tokens stay in order within an expert), so each
   // chosen expert reads one contiguous slice of gathered tokens.

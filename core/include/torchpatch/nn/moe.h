@@ -67,7 +67,9 @@ struct TORCHPATCH_API ExpertProjections {
 
 /// The grouped experts loop: token-expert pairs sorted by expert once, each chosen expert's gated MLP
 /// run on its slice, the results weighted and added per token in ascending expert order (the
-/// numbers of Hugging Face's eager loop). hidden [T, H], indices/weights [T, K] -> [T, H].
+/// numbers of Hugging Face's eager loop). hidden [T, H], indices/weights [T, K] -> [T, H]. One token
+/// without gradients (a decode step) skips the grouping: its experts run directly, with the same
+/// numbers bit for bit.
 TORCHPATCH_API at::Tensor grouped_experts(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights,
                                           int64_t num_experts, Activation act, const ExpertProjections& projections);
 
