@@ -3,6 +3,7 @@
 #   0 base        torchpatch/{config,error,export,version}.h  src/base
 #   1 patching    torchpatch/patching/                      src/patching
 #   1 text        torchpatch/text/                          src/text (beside patching: base only)
+#   1 dist        torchpatch/dist/                          src/dist (process groups over c10d: base only)
 #   2 nn          torchpatch/nn/                            src/nn
 #   3 checkpoint  torchpatch/checkpoint/                    src/checkpoint
 #   4 models      torchpatch/{models,generation,moe}/       src/{models,generation,moe}
@@ -13,7 +14,7 @@ core=${1:?usage: check_layers.sh CORE_DIR}
 
 layer_of() {  # a path under include/torchpatch or src, or an include target "torchpatch/..."
   case "$1" in
-    *patching/* | *text/*) echo 1 ;;
+    *patching/* | *text/* | *dist/*) echo 1 ;;
     *nn/*) echo 2 ;;
     *checkpoint/*) echo 3 ;;
     *models/* | *generation/* | *moe/*) echo 4 ;;
