@@ -2,16 +2,9 @@
 // itself as ranks (the hidden test "[.dist-rank]"), checks what each computed, and that a rank
 // killed mid-run, a port in use, a peer that never comes and bad launcher variables are clear errors.
 #include "test_prelude.h"
+#include "cli_util.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <array>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -26,58 +19,9 @@ using torchpatch::dist::ProcessGroup;
 
 namespace {
 
-// A socket bound to a free loopback port (kept open while `listening`, to hold the port).
-struct Port {
-  int fd = -1;
-  int number = 0;
-  explicit Port(bool listening) {
-    fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-    socklen_t len = sizeof addr;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-    number = ntohs(addr.sin_port);
-    if (listening) {
-      ::listen(fd, 1);
-    } else {
-      ::close(fd);
-      fd = -1;
-    }
-  }
-  ~Port() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-struct RankResult {
-  int code = -1;
-  std::string out;
-};
-
-// Starts `world` copies of this binary as the ranks of one group and collects their exit codes and
-// output. `env` is added to every rank's environment.
-std::vector<RankResult> run_ranks(int world, const std::string& env = "") {
-  const auto self = std::filesystem::read_symlink("/proc/self/exe").string();
-  const Port port(false);
-  std::vector<FILE*> pipes;
-  for (int rank = 0; rank < world; ++rank) {
-    const auto command = fmt::format("RANK={} WORLD_SIZE={} MASTER_ADDR=127.0.0.1 MASTER_PORT={} {} '{}' "
-                                     "'[.dist-rank]' 2>&1",
-                                     rank, world, port.number, env, self);
-    pipes.push_back(::popen(command.c_str(), "r"));
-    REQUIRE(pipes.back() != nullptr);
-  }
-  std::vector<RankResult> results(world);
-  for (int rank = 0; rank < world; ++rank) {
-    std::array<char, 4096> buffer{};
-    std::size_t n = 0;
-    while ((n = std::fread(buffer.data(), 1, buffer.size(), pipes[rank])) > 0) results[rank].out.append(buffer.data(), n);
-    const int status = ::pclose(pipes[rank]);
-    results[rank].code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-  return results;
+// This binary's ranks: the hidden test below, under run_group's variables.
+std::vector<testutil::Result> run_ranks(int world, const std::string& env = "") {
+  return testutil::run_group(world, std::filesystem::read_symlink("/proc/self/exe").string(), "'[.dist-rank]'", env);
 }
 
 // setenv for one scope.
@@ -154,7 +98,7 @@ TEST_CASE("a rank that dies makes the others fail with a message naming them, wi
 }
 
 TEST_CASE("a port in use, a peer that never comes and bad options are clear errors", "[dist]") {
-  const Port busy(true);
+  const testutil::LoopbackPort busy(true);
   GroupOptions options;
   options.master_port = busy.number;
   options.timeout = std::chrono::milliseconds(2000);
@@ -163,7 +107,7 @@ TEST_CASE("a port in use, a peer that never comes and bad options are clear erro
                                 "master port)",
                                 busy.number));
 
-  const Port free_port(false);
+  const testutil::LoopbackPort free_port(false);
   options.master_port = free_port.number;
   options.world_size = 2;
   options.timeout = std::chrono::milliseconds(1000);

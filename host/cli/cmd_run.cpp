@@ -143,7 +143,8 @@ int cmd_run(const std::vector<std::string>& argv) {
   at::NoGradGuard no_grad;
   const ModelOutput out = built.model->forward(inputs);
 
-  if (args.has("output")) checkpoint::save_safetensors(args.value("output"), output_tensors(*built.model, inputs, out));
+  const bool reports = !process_group() || process_group()->rank() == 0;  // in a group, rank 0 writes
+  if (args.has("output") && reports) checkpoint::save_safetensors(args.value("output"), output_tensors(*built.model, inputs, out));
 
   // A causal LM predicts each row's next token at its last real position; other models (BERT) show
   // the shapes of what they produced.

@@ -10,6 +10,7 @@
 
 #include "torchpatch/checkpoint/load.h"
 #include "torchpatch/checkpoint/safetensors.h"
+#include "torchpatch/dist/process_group.h"
 #include "torchpatch/error.h"
 #include "torchpatch/nn/quant.h"
 #include "torchpatch/runtime/auto.h"
@@ -126,12 +127,47 @@ PretrainedOptions pretrained_options(const Args& args, const PluginHost& host) {
   return options;
 }
 
+std::shared_ptr<dist::ProcessGroup> process_group() {
+  static const auto group = []() -> std::shared_ptr<dist::ProcessGroup> {
+    const auto options = dist::options_from_environment();
+    if (!options || options->world_size == 1) return nullptr;
+    auto joined = dist::ProcessGroup::join(*options);
+    // Rank 0 reports; the others' standard output goes nowhere (their errors still reach stderr).
+    if (joined->rank() != 0) std::freopen("/dev/null", "w", stdout);
+    return joined;
+  }();
+  return group;
+}
+
+namespace {
+// In a group: the decoder families' attention and MLP classes become the tensor-parallel ones.
+std::optional<ScopedPatchMapping> tensor_parallel_patches(PluginHost& host) {
+  if (!process_group()) return std::nullopt;
+  const auto attention = host.find_class("TensorParallelAttention");
+  const auto qk_norm = host.find_class("TensorParallelQkNormAttention");
+  const auto mlp = host.find_class("TensorParallelMLP");
+  if (!attention || !qk_norm || !mlp) {
+    throw UsageError("running as a group of processes needs the bundled plugin 'tensor-parallel'");
+  }
+  return std::optional<ScopedPatchMapping>(
+      std::in_place,
+      PatchMapping::Items{{"^(Llama|Mistral|Qwen2|Qwen2Moe|Gemma)Attention$", *attention},
+                          {"^Qwen3MoeAttention$", *qk_norm},
+                          {"^(Llama|Mistral|Qwen2|Qwen2Moe|Qwen3Moe|Gemma)MLP$", *mlp}},
+      false, host.registries().patches());
+}
+}  // namespace
+
 BuiltModel build_model(PluginHost& host, const Args& args) {
   apply_patch_args(host, args);
   if (args.has("model") == args.has("preset")) throw UsageError("give exactly one of --model DIR and --preset NAME");
   ModelSource source;
   if (args.has("preset")) source.preset = args.value("preset");
   else source.checkpoint = args.value("model");
+  const auto group = process_group();
+  std::optional<dist::ActiveGroup> active;
+  if (group) active.emplace(group);
+  const auto patches = tensor_parallel_patches(host);
   return load_model(source, LoadModelOptions{pretrained_options(args, host), args.flag("strict")});
 }
 

@@ -9,6 +9,7 @@
 
 #include "args.h"
 #include "torchpatch/checkpoint/load.h"
+#include "torchpatch/dist/process_group.h"
 #include "torchpatch/runtime/auto.h"
 #include "torchpatch/runtime/loader.h"
 #include "torchpatch/models/pretrained.h"
@@ -46,6 +47,10 @@ PretrainedOptions pretrained_options(const Args& args, const PluginHost& host);
 /// in --dtype; --allow-incomplete loads a checkpoint that does not fit and reports it.
 /// In --strict mode a registered key that matched nothing is an error.
 BuiltModel build_model(PluginHost& host, const Args& args);
+
+/// The group this process belongs to when a launcher set RANK and WORLD_SIZE (> 1), joined on first
+/// use; null otherwise. Models are then built tensor-parallel and only rank 0 prints.
+std::shared_ptr<dist::ProcessGroup> process_group();
 
 /// --prompt TEXT, --prompt-file FILE and --tokenizer DIR (run and generate).
 std::vector<OptionSpec> prompt_options();

@@ -3,6 +3,7 @@
 #include "torchpatch/dist/process_group.h"
 
 #include <cstdlib>
+#include <mutex>
 
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -185,6 +186,26 @@ std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& tensor) {
 
 void ProcessGroup::barrier() {
   state_->run("barrier", [&] { return state_->gloo->barrier(); });
+}
+
+namespace {
+std::mutex active_mutex;
+std::shared_ptr<ProcessGroup> active;
+}  // namespace
+
+std::shared_ptr<ProcessGroup> active_group() {
+  std::lock_guard<std::mutex> lock(active_mutex);
+  return active;
+}
+
+ActiveGroup::ActiveGroup(std::shared_ptr<ProcessGroup> group) {
+  std::lock_guard<std::mutex> lock(active_mutex);
+  previous_ = std::exchange(active, std::move(group));
+}
+
+ActiveGroup::~ActiveGroup() {
+  std::lock_guard<std::mutex> lock(active_mutex);
+  active = std::move(previous_);
 }
 
 }  // namespace torchpatch::dist

@@ -74,4 +74,20 @@ class TORCHPATCH_API ProcessGroup {
   std::unique_ptr<State> state_;
 };
 
+/// The group models are being built for, or null: tensor-parallel replacements read it when they are
+/// built (and keep it). Set for a scope by ActiveGroup.
+TORCHPATCH_API std::shared_ptr<ProcessGroup> active_group();
+
+/// Makes `group` the active one until the end of the scope (then the previous one again).
+class TORCHPATCH_API ActiveGroup {
+ public:
+  explicit ActiveGroup(std::shared_ptr<ProcessGroup> group);
+  ~ActiveGroup();
+  ActiveGroup(const ActiveGroup&) = delete;
+  ActiveGroup& operator=(const ActiveGroup&) = delete;
+
+ private:
+  std::shared_ptr<ProcessGroup> previous_;
+};
+
 }  // namespace torchpatch::dist
