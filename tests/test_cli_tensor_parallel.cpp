@@ -1,9 +1,21 @@
 // The CLI as ranks of one group (the variables torchrun sets): every decoder reference case split over
 // two processes matches the reference, the MoE cases' expert choices exactly; four ranks replicate
 // key/value heads; a world size that does not split the heads is an error before any weight is read.
+// The --tp launcher: a rank killed mid-run, Ctrl-C and a port in use end every rank with a message.
 #include "test_prelude.h"
 #include "test_util.h"
 #include "cli_util.h"
+
+#include <signal.h>
+
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
 
 #include "torchpatch/checkpoint/checkpoint.h"
 
@@ -67,4 +79,135 @@ TEST_CASE("a world size that does not split the heads fails on every rank before
     CHECK_THAT(rank.out, Contains("model.layers.0.self_attn: 4 attention heads and 2 key/value heads do not split "
                                   "over 3 ranks"));
   }
+}
+
+// -- faults: a rank killed mid-run, Ctrl-C, a port in use ------------------------------------------------
+
+namespace {
+
+// `torchpatch ARGS` started in the background, its stdout and stderr in a file.
+struct Background {
+  pid_t pid = -1;
+  std::filesystem::path log;
+  explicit Background(const std::string& arguments, const std::string& env = "") : log(temp_file("launcher.log")) {
+    const auto command = env + " exec '" + std::string(TORCHPATCH_CLI) + "' " + arguments + " > '" + log.string() + "' 2>&1";
+    pid = ::fork();
+    if (pid == 0) {
+      ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  ~Background() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+    std::filesystem::remove(log);
+  }
+  std::string output() const {
+    std::ifstream in(log);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  // Waits up to `limit` for the output to contain `text`.
+  bool wait_for_output(const std::string& text, std::chrono::seconds limit) const {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < end) {
+      if (output().find(text) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return false;
+  }
+  // The exit code (128 + signal when killed), or nullopt when still running after `limit`.
+  std::optional<int> wait_exit(std::chrono::seconds limit) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < end) {
+      int status = 0;
+      if (::waitpid(pid, &status, WNOHANG) == pid) {
+        pid = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return std::nullopt;
+  }
+};
+
+// The launcher's children by rank (from /proc: parent pid and the RANK variable).
+std::map<int, pid_t> ranks_of(pid_t launcher) {
+  std::map<int, pid_t> ranks;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const auto name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), {});
+    const auto close_paren = text.rfind(')');
+    if (close_paren == std::string::npos) continue;
+    std::istringstream fields(text.substr(close_paren + 2));
+    std::string state;
+    pid_t parent = 0;
+    fields >> state >> parent;
+    if (parent != launcher) continue;
+    std::ifstream environ_file(entry.path() / "environ");
+    std::string env((std::istreambuf_iterator<char>(environ_file)), {});
+    for (std::size_t pos = 0; (pos = env.find("RANK=", pos)) != std::string::npos; ++pos) {
+      if (pos == 0 || env[pos - 1] == '\0') ranks[std::stoi(env.substr(pos + 5))] = std::stoi(name);
+    }
+  }
+  return ranks;
+}
+
+bool gone(pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
+
+const char* kLongGeneration = "generate --tp 2 --preset llama-125m --prompt-ids 1,2,3 --max-new-tokens 2000";
+
+}  // namespace
+
+TEST_CASE("a rank killed mid-run: the others stop with a message naming it, and no rank is left", "[cli][dist]") {
+  Background launcher(kLongGeneration);
+  REQUIRE(launcher.wait_for_output("generating:", std::chrono::seconds(120)));
+  const auto ranks = ranks_of(launcher.pid);
+  REQUIRE(ranks.size() == 2);
+  const auto killed = std::chrono::steady_clock::now();
+  ::kill(ranks.at(1), SIGKILL);
+  const auto code = launcher.wait_exit(std::chrono::seconds(30));
+  INFO(launcher.output());
+  REQUIRE(code);
+  CHECK(*code != 0);
+  CHECK_THAT(launcher.output(), Contains("rank 1 of 2 was killed by signal 9"));
+  CHECK_THAT(launcher.output(), Contains("rank 0 of 2: all-reduce failed"));
+  CHECK(std::chrono::steady_clock::now() - killed < std::chrono::seconds(30));
+  for (const auto& [rank, pid] : ranks) CHECK(gone(pid));
+}
+
+TEST_CASE("Ctrl-C on the launcher stops every rank", "[cli][dist]") {
+  Background launcher(kLongGeneration);
+  REQUIRE(launcher.wait_for_output("generating:", std::chrono::seconds(120)));
+  const auto ranks = ranks_of(launcher.pid);
+  REQUIRE(ranks.size() == 2);
+  ::kill(launcher.pid, SIGINT);
+  const auto code = launcher.wait_exit(std::chrono::seconds(30));
+  INFO(launcher.output());
+  REQUIRE(code);
+  CHECK(*code == 128 + SIGINT);
+  for (const auto& [rank, pid] : ranks) CHECK(gone(pid));
+}
+
+TEST_CASE("--tp with a master port in use, and bad --tp values, are clear errors", "[cli][dist]") {
+  const LoopbackPort busy(true);
+  Background launcher("run --tp 2 --model " + llama_dir() + " --prompt-ids 1,2,3",
+                      "MASTER_PORT=" + std::to_string(busy.number));
+  const auto code = launcher.wait_exit(std::chrono::seconds(60));
+  INFO(launcher.output());
+  REQUIRE(code);
+  CHECK(*code == 1);
+  CHECK_THAT(launcher.output(), Contains(fmt::format("rank 0 cannot serve the group's store on port {}: the port is in use",
+                                                     busy.number)));
+  CHECK_THAT(launcher.output(), Contains("rank 0 of 2 exited with code 1"));
+
+  auto r = torchpatch_cli("run --tp 0 --model " + llama_dir() + " --prompt-ids 1");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains("--tp: expected a number of processes from 1 to 64, got '0'"));
+  r = torchpatch_cli("run --tp 2 --model " + llama_dir() + " --prompt-ids 1", "RANK=0 WORLD_SIZE=2");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains("--tp starts its own processes"));
 }

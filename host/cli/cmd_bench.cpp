@@ -16,6 +16,7 @@
 
 #include "commands.h"
 #include "session.h"
+#include "launch.h"
 #include "torchpatch/generation/generate.h"
 #include "torchpatch/runtime/auto.h"
 #include "torchpatch/nn/linear.h"
@@ -225,6 +226,7 @@ void print_report(const nlohmann::json& report) {
 
 int cmd_bench(const std::vector<std::string>& argv) {
   auto specs = model_options();
+  specs.push_back(tp_option());
   specs.insert(specs.begin() + 3,
                {{"prompt-len", "N", "prefill length (default 128)"},
                 {"decode-tokens", "N", "decode steps timed per run (default 32)"},

@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "session.h"
+#include "launch.h"
 #include "torchpatch/checkpoint/safetensors.h"
 #include "torchpatch/error.h"
 #include "torchpatch/json_file.h"
@@ -125,6 +126,7 @@ std::string continuation_text(const text::Tokenizer& tokenizer, const at::Tensor
 
 int cmd_generate(const std::vector<std::string>& argv) {
   auto specs = model_options();
+  specs.push_back(tp_option());
   specs.insert(specs.begin() + 3,
                {{"prompt-ids", "IDS", "prompt token ids, e.g. 1,2,3 (a batch of one)"},
                 {"inputs", "FILE", "safetensors file with input_ids [B,P] and attention_mask [B,P] (left padding)"},

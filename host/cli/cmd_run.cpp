@@ -7,6 +7,7 @@
 
 #include "commands.h"
 #include "session.h"
+#include "launch.h"
 #include "torchpatch/checkpoint/safetensors.h"
 #include "torchpatch/error.h"
 #include "torchpatch/printable.h"
@@ -97,6 +98,7 @@ void print_text(const BuiltModel& built, const nlohmann::json& rows, const nlohm
 
 int cmd_run(const std::vector<std::string>& argv) {
   auto specs = model_options();
+  specs.push_back(tp_option());
   specs.insert(specs.begin() + 3,
                {{"prompt-ids", "IDS", "token ids, e.g. 1,2,3 (a batch of one)"},
                 {"inputs", "FILE", "safetensors file with input_ids [B,T] and optional attention_mask, position_ids, "

@@ -7,6 +7,7 @@
 
 #include "args.h"
 #include "commands.h"
+#include "launch.h"
 #include "torchpatch/error.h"
 
 namespace {
@@ -56,6 +57,9 @@ int main(int argc, char** argv) {
     else rest.push_back(*it);
   }
   try {
+    if (command == "run" || command == "generate" || command == "verify" || command == "bench") {
+      if (const auto code = launch_ranks(command, rest, debug)) return *code;
+    }
     if (command == "plugins") return cmd_plugins(rest);
     if (command == "plan") return cmd_plan(rest);
     if (command == "run") return cmd_run(rest);

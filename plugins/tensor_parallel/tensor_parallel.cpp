@@ -6,10 +6,12 @@
 //   o_proj, down_proj          the matching columns                           [H, in / N]
 //   then one all-reduce of the block's output; an o_proj / down_proj bias is added by rank 0 only.
 //
+// With fewer key/value heads than ranks, each is replicated over world / heads ranks (vLLM's choice).
 // Norms, embeddings and lm_head stay replicated. Each rank's weights are sliced as they load (the
 // classes' conversion rules), so a rank holds only its part of the sharded projections; saving
 // gathers them back into the hub layout. Classes are chosen, not applied by default: the CLI maps the
-// families' attention and MLP keys to them when it runs as a group (--tp N or torchrun).
+// families' attention and MLP keys to them when it runs as a group (--tp N or torchrun). Built with
+// no active group they are the plain classes.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
@@ -25,10 +27,11 @@ using torchpatch::ConfigError;
 using torchpatch::dist::ProcessGroup;
 namespace checkpoint = torchpatch::checkpoint;
 
-std::shared_ptr<ProcessGroup> required_group(const char* cls) {
-  auto group = torchpatch::dist::active_group();
-  if (!group) throw ConfigError(fmt::format("{} needs a process group: run with --tp N or under torchrun", cls));
-  return group;
+// The active group's world size (1 without a group: the classes are then the plain ones).
+int64_t world_of(const std::shared_ptr<ProcessGroup>& group) { return group ? group->size() : 1; }
+
+void all_reduce(const std::shared_ptr<ProcessGroup>& group, at::Tensor& partial) {
+  if (group) group->all_reduce_sum(partial);
 }
 
 // -- conversion ops -------------------------------------------------------------------------------------
@@ -163,9 +166,9 @@ checkpoint::ConversionRules mlp_rules(const torchpatch::Config&) {
 // -- attention ------------------------------------------------------------------------------------------
 
 // The family's attention options with rank r's share of the query and key/value heads.
-torchpatch::nn::GqaOptions local_heads(const BuildContext& ctx, const ProcessGroup& group) {
+torchpatch::nn::GqaOptions local_heads(const BuildContext& ctx, const std::shared_ptr<ProcessGroup>& group) {
   auto options = torchpatch::attention_options(torchpatch::model_config(ctx).decoder);
-  const int64_t n = group.size(), kv = options.num_key_value_heads;
+  const int64_t n = world_of(group), kv = options.num_key_value_heads;
   if (options.num_heads % n != 0 || (kv % n != 0 && n % kv != 0)) {
     throw ConfigError(fmt::format("{}: {} attention heads and {} key/value heads do not split over {} ranks (the "
                                   "attention heads must be a multiple of the ranks, the key/value heads a multiple "
@@ -181,18 +184,18 @@ torchpatch::nn::GqaOptions local_heads(const BuildContext& ctx, const ProcessGro
 class TensorParallelAttention : public torchpatch::nn::GqaAttention {
  public:
   explicit TensorParallelAttention(const BuildContext& ctx)
-      : TensorParallelAttention(ctx, required_group("TensorParallelAttention")) {}
+      : TensorParallelAttention(ctx, torchpatch::dist::active_group()) {}
 
  protected:
   at::Tensor forward_impl(const at::Tensor& hidden, const torchpatch::AttentionInputs& inputs) override {
     auto out = GqaAttention::forward_impl(hidden, inputs).contiguous();
-    group_->all_reduce_sum(out);
+    all_reduce(group_, out);
     return out;
   }
 
  private:
   TensorParallelAttention(const BuildContext& ctx, std::shared_ptr<ProcessGroup> group)
-      : GqaAttention(local_heads(ctx, *group)), group_(std::move(group)) {}
+      : GqaAttention(local_heads(ctx, group)), group_(std::move(group)) {}
   std::shared_ptr<ProcessGroup> group_;
 };
 
@@ -200,48 +203,49 @@ class TensorParallelAttention : public torchpatch::nn::GqaAttention {
 class TensorParallelQkNormAttention : public torchpatch::nn::QkNormAttention {
  public:
   explicit TensorParallelQkNormAttention(const BuildContext& ctx)
-      : TensorParallelQkNormAttention(ctx, required_group("TensorParallelQkNormAttention")) {}
+      : TensorParallelQkNormAttention(ctx, torchpatch::dist::active_group()) {}
 
  protected:
   at::Tensor forward_impl(const at::Tensor& hidden, const torchpatch::AttentionInputs& inputs) override {
     auto out = QkNormAttention::forward_impl(hidden, inputs).contiguous();
-    group_->all_reduce_sum(out);
+    all_reduce(group_, out);
     return out;
   }
 
  private:
   TensorParallelQkNormAttention(const BuildContext& ctx, std::shared_ptr<ProcessGroup> group)
-      : QkNormAttention(local_heads(ctx, *group), torchpatch::model_config(ctx).decoder.rms_norm_eps),
+      : QkNormAttention(local_heads(ctx, group), torchpatch::model_config(ctx).decoder.rms_norm_eps),
         group_(std::move(group)) {}
   std::shared_ptr<ProcessGroup> group_;
 };
 
 // -- MLP ------------------------------------------------------------------------------------------------
 
-torchpatch::nn::MlpOptions local_mlp(const BuildContext& ctx, const ProcessGroup& group) {
+torchpatch::nn::MlpOptions local_mlp(const BuildContext& ctx, const std::shared_ptr<ProcessGroup>& group) {
   auto options = torchpatch::mlp_options(ctx);
-  if (options.intermediate_size % group.size() != 0) {
+  const int64_t n = world_of(group);
+  if (options.intermediate_size % n != 0) {
     throw ConfigError(fmt::format("{}: intermediate size {} does not split over {} ranks", ctx.path,
-                                  options.intermediate_size, group.size()));
+                                  options.intermediate_size, n));
   }
-  options.intermediate_size /= group.size();
+  options.intermediate_size /= n;
   return options;
 }
 
 /// The gated MLP over this rank's slice of the intermediate dimension; down_proj's partial sums are all-reduced.
 class TensorParallelMLP : public torchpatch::nn::GatedMlp {
  public:
-  explicit TensorParallelMLP(const BuildContext& ctx) : TensorParallelMLP(ctx, required_group("TensorParallelMLP")) {}
+  explicit TensorParallelMLP(const BuildContext& ctx) : TensorParallelMLP(ctx, torchpatch::dist::active_group()) {}
 
   at::Tensor forward(const at::Tensor& x) override {
     auto out = GatedMlp::forward(x).contiguous();
-    group_->all_reduce_sum(out);
+    all_reduce(group_, out);
     return out;
   }
 
  private:
   TensorParallelMLP(const BuildContext& ctx, std::shared_ptr<ProcessGroup> group)
-      : GatedMlp(local_mlp(ctx, *group)), group_(std::move(group)) {}
+      : GatedMlp(local_mlp(ctx, group)), group_(std::move(group)) {}
   std::shared_ptr<ProcessGroup> group_;
 };
 

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <mutex>
+#include <thread>
 
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -103,7 +104,13 @@ struct ProcessGroup::State {
   template <typename Start>
   void run(const char* what, Start&& start) {
     try {
-      start()->wait(options.timeout);
+      const auto work = start();
+      // Spin (yielding) for a while before sleeping on the work's condition variable: on this
+      // 2-core virtual machine an all-reduce of 768 floats between two processes took 1.8 ms when
+      // the caller slept and 0.3 to 0.6 ms when it spun (docs/parallel.md).
+      const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(2000);
+      while (!work->isCompleted() && std::chrono::steady_clock::now() < spin_until) std::this_thread::yield();
+      work->wait(options.timeout);
     } catch (const std::exception& e) {
       throw DistError(fmt::format("rank {} of {}: {} failed: {} (a peer process died, was killed or did not answer "
                                   "within {})",

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "torchpatch/checkpoint/load.h"
+#include "torchpatch/dist/process_group.h"
 #include "torchpatch/error.h"
 #include "torchpatch/nn/linear.h"
 #include "torchpatch/patching/scope.h"
@@ -201,12 +202,15 @@ namespace {
 
 std::atomic<int> next_preset_dir{0};  // one directory per build, whatever the threads
 
-// A quantized preset: the float preset's random weights, saved and loaded back through the
-// quantized classes' conversion rules, so it holds exactly what quantizing the float preset gives.
-std::shared_ptr<PretrainedModel> quantized_preset(const std::string& name, uint64_t seed, const PretrainedOptions& options) {
+// A quantized or tensor-parallel preset: the float preset's random weights, saved and loaded back
+// through the classes' conversion rules, so it holds exactly what quantizing or sharding the float
+// preset gives (random weights drawn for a shard's shape would be other numbers).
+std::shared_ptr<PretrainedModel> reloaded_preset(const std::string& name, uint64_t seed, const PretrainedOptions& options) {
   auto float_options = options;
   float_options.config_overrides.erase("quantization_config");
   float_options.dtype.reset();
+  std::optional<dist::ActiveGroup> whole;  // the float preset unsharded, saved in the hub layout
+  if (dist::active_group()) whole.emplace(nullptr);
   const auto dir = std::filesystem::temp_directory_path() /
                    fmt::format("torchpatch-preset-{}-{}-{}", name, ::getpid(), next_preset_dir++);
   struct Remove {
@@ -218,6 +222,7 @@ std::shared_ptr<PretrainedModel> quantized_preset(const std::string& name, uint6
   } remove{dir};
   checkpoint::save_pretrained(*preset_model(name, seed, float_options), dir,
                               checkpoint::SaveOptions{int64_t{5} * 1000 * 1000 * 1000, &options.registries.conversions()});
+  whole.reset();
   return from_pretrained(dir, options);
 }
 
@@ -227,7 +232,7 @@ std::shared_ptr<PretrainedModel> preset_model(const std::string& name, uint64_t 
   const auto& registries = options.registries;
   auto config = with_overrides(preset_config(name, registries), options.config_overrides, "preset " + name, registries);
   check_model_size(config, nullptr, options, "preset " + name);
-  if (quantization_config(config)) return quantized_preset(name, seed, options);
+  if (quantization_config(config) || dist::active_group()) return reloaded_preset(name, seed, options);
   auto model = from_config(config, registries);
   init_random_weights(*model, seed);
   if (options.dtype) model->to(*options.dtype);

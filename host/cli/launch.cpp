@@ -1,0 +1,196 @@
+// The --tp launcher: fork/exec one copy of this program per rank, watch them, name the rank that
+// failed, stop the rest within a bounded time, and leave no process behind (also on Ctrl-C).
+#include "launch.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <thread>
+
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "torchpatch/error.h"
+
+namespace torchpatch::cli {
+
+namespace {
+
+constexpr int kMaxRanks = 64;
+// After a rank fails, how long the others get to notice (their collectives fail at once when a peer's
+// connection closes) and print their own error before they are stopped.
+constexpr auto kGrace = std::chrono::seconds(5);
+
+volatile std::sig_atomic_t interrupted = 0;
+void on_signal(int signal) { interrupted = signal; }
+
+int free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  int port = 0;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  if (fd >= 0) ::close(fd);
+  if (port == 0) throw Error(fmt::format("--tp: no free TCP port on loopback: {}", std::strerror(errno)));
+  return port;
+}
+
+// Removes --tp N (or --tp=N) from `args`; 0 when absent.
+int take_tp(std::vector<std::string>& args) {
+  for (auto it = args.begin(); it != args.end() && *it != "--"; ++it) {
+    std::string value;
+    auto end = it + 1;
+    if (*it == "--tp") {
+      if (end == args.end()) throw UsageError("--tp needs a value: the number of processes");
+      value = *end++;
+    } else if (it->rfind("--tp=", 0) == 0) {
+      value = it->substr(5);
+    } else {
+      continue;
+    }
+    char* rest = nullptr;
+    const long n = std::strtol(value.c_str(), &rest, 10);
+    if (value.empty() || *rest != '\0' || n < 1 || n > kMaxRanks) {
+      throw UsageError(fmt::format("--tp: expected a number of processes from 1 to {}, got '{}'", kMaxRanks, value));
+    }
+    args.erase(it, end);
+    return static_cast<int>(n);
+  }
+  return 0;
+}
+
+std::string describe_status(int status) {
+  if (WIFSIGNALED(status)) {
+    const char* name = ::strsignal(WTERMSIG(status));
+    return fmt::format("was killed by signal {} ({})", WTERMSIG(status), name ? name : "unknown");
+  }
+  return fmt::format("exited with code {}", WEXITSTATUS(status));
+}
+
+pid_t start_rank(const std::string& self, const std::vector<std::string>& argv, int rank, int world, int port) {
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  // The child: ranks die with the launcher, whatever kills it.
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (::getppid() != parent) ::_exit(1);
+  for (const auto& [name, value] : {std::pair{"RANK", rank}, std::pair{"LOCAL_RANK", rank},
+                                    std::pair{"WORLD_SIZE", world}, std::pair{"LOCAL_WORLD_SIZE", world},
+                                    std::pair{"MASTER_PORT", port}}) {
+    ::setenv(name, std::to_string(value).c_str(), 1);
+  }
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  // The machine's cores shared between the ranks (as torchrun does), unless the caller chose: more
+  // threads than cores spin against each other in every parallel region.
+  const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+  ::setenv("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / world)).c_str(), 0);
+  std::vector<char*> cargv;
+  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  ::execv(self.c_str(), cargv.data());
+  std::fprintf(stderr, "torchpatch: cannot start rank %d (%s): %s\n", rank, self.c_str(), std::strerror(errno));
+  ::_exit(127);
+}
+
+}  // namespace
+
+OptionSpec tp_option() {
+  return {"tp", "N",
+          "run as N processes on this machine, attention heads, MLPs and experts split between them (tensor and "
+          "expert parallelism over c10d/Gloo on loopback; rank 0 prints; under torchrun leave it out)"};
+}
+
+std::optional<int> launch_ranks(const std::string& command, std::vector<std::string>& args, bool debug) {
+  for (const auto& arg : args) {
+    if (arg == "--help" || arg == "-h") return std::nullopt;  // the command prints its help, --tp included
+  }
+  const int world = take_tp(args);
+  if (world <= 1) return std::nullopt;
+  if (std::getenv("RANK") != nullptr || std::getenv("WORLD_SIZE") != nullptr) {
+    throw UsageError("--tp starts its own processes; under a launcher that sets RANK and WORLD_SIZE, leave it out");
+  }
+  int port = 0;
+  if (const char* given = std::getenv("MASTER_PORT"); given != nullptr && *given != '\0') {
+    port = std::atoi(given);
+    if (port < 1 || port > 65535) throw UsageError(fmt::format("MASTER_PORT='{}' is not a TCP port", given));
+  } else {
+    port = free_loopback_port();
+  }
+  const auto self = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::vector<std::string> argv{"torchpatch", command};
+  argv.insert(argv.end(), args.begin(), args.end());
+  if (debug) argv.push_back("--debug");
+
+  std::cout.flush();
+  for (const int signal : {SIGINT, SIGTERM, SIGHUP}) std::signal(signal, on_signal);
+  std::vector<pid_t> ranks(world, 0);
+  for (int rank = 0; rank < world; ++rank) {
+    ranks[rank] = start_rank(self, argv, rank, world, port);
+    if (ranks[rank] < 0) {
+      ranks[rank] = 0;
+      std::cerr << fmt::format("torchpatch {}: cannot start rank {}: {}\n", command, rank, std::strerror(errno));
+      interrupted = SIGTERM;
+      break;
+    }
+  }
+  const auto stop_all = [&](int signal) {
+    for (const pid_t pid : ranks) {
+      if (pid > 0) ::kill(pid, signal);
+    }
+  };
+  int code = 0, live = 0;
+  for (const pid_t pid : ranks) live += pid > 0;
+  std::optional<std::chrono::steady_clock::time_point> failed_at;
+  bool terminated = false, forwarded = false;
+  while (live > 0) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      for (int rank = 0; rank < world; ++rank) {
+        if (ranks[rank] != pid) continue;
+        ranks[rank] = 0;
+        --live;
+        const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        if (!ok && !failed_at && !interrupted) {
+          std::cerr << fmt::format("torchpatch {}: rank {} of {} {}; stopping the other ranks\n", command, rank,
+                                   world, describe_status(status));
+          code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+          failed_at = std::chrono::steady_clock::now();
+        }
+      }
+      continue;
+    }
+    if (interrupted && !forwarded) {
+      stop_all(SIGTERM);
+      forwarded = true;
+      failed_at = std::chrono::steady_clock::now();
+    }
+    if (failed_at && std::chrono::steady_clock::now() - *failed_at > kGrace) {
+      stop_all(terminated ? SIGKILL : SIGTERM);
+      terminated = true;
+      *failed_at += std::chrono::seconds(2);  // then SIGKILL what is left, 2 s later
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (interrupted) return 128 + interrupted;
+  return code;
+}
+
+}  // namespace torchpatch::cli
