@@ -192,7 +192,7 @@ TEST_CASE("Ctrl-C on the launcher stops every rank", "[cli][dist]") {
   for (const auto& [rank, pid] : ranks) CHECK(gone(pid));
 }
 
-TEST_CASE("--tp with a master port in use, and bad --tp values, are clear errors", "[cli][dist]") {
+TEST_CASE("a master port in use under --tp, and bad --tp values, are clear errors", "[cli][dist]") {
   const LoopbackPort busy(true);
   Background launcher("run --tp 2 --model " + llama_dir() + " --prompt-ids 1,2,3",
                       "MASTER_PORT=" + std::to_string(busy.number));

@@ -165,6 +165,9 @@ BuiltModel build_model(PluginHost& host, const Args& args) {
   if (args.has("preset")) source.preset = args.value("preset");
   else source.checkpoint = args.value("model");
   const auto group = process_group();
+  if (group && args.has("quantize")) {
+    throw UsageError("--quantize: quantized projections do not split between processes yet; run without --tp");
+  }
   std::optional<dist::ActiveGroup> active;
   if (group) active.emplace(group);
   const auto patches = tensor_parallel_patches(host);
