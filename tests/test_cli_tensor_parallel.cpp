@@ -210,4 +210,10 @@ TEST_CASE("a master port in use under --tp, and bad --tp values, are clear error
   r = torchpatch_cli("run --tp 2 --model " + llama_dir() + " --prompt-ids 1", "RANK=0 WORLD_SIZE=2");
   CHECK(r.code == 2);
   CHECK_THAT(r.out, Contains("--tp starts its own processes"));
+  r = torchpatch_cli("save --model " + llama_dir() + " --out /nonexistent", "RANK=0 WORLD_SIZE=2");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.out, Contains("save does not run as a group of processes yet"));
+  r = torchpatch_cli("run --tp 2 --preset tiny-gemma2 --prompt-ids 1,2");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Contains("Gemma2ForCausalLM: nothing of it splits between processes"));
 }

@@ -93,7 +93,7 @@ TEST_CASE("a rank that dies makes the others fail with a message naming them, wi
   CHECK(results[1].code == 3);
   CHECK(results[0].code != 0);
   CHECK(results[0].out.find("rank 0 of 2: all-reduce failed") != std::string::npos);
-  CHECK(results[0].out.find("a peer process died") != std::string::npos);
+  CHECK(results[0].out.find("a peer process may have died") != std::string::npos);
   CHECK(seconds < 60);  // the collective's timeout is 10 s; a hang would run into ctest's limit
 }
 

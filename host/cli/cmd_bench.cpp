@@ -163,7 +163,8 @@ void measure_variants(PluginHost& host, BuiltModel& built, const Args& args, con
   const auto fused = host.find_class("FusedQKVAttention");
   const auto key = key_of(*built.model, "self_attn");
   const auto experts_key = key_of(*built.model, "mlp.experts");
-  if (fused && !args.flag("no-fused") && !args.has("patch") && !key.empty()) {
+  const bool in_group = process_group() != nullptr;  // the tensor-parallel classes hold the attention and MLP keys
+  if (fused && !args.flag("no-fused") && !args.has("patch") && !key.empty() && !in_group) {
     built.model.reset();  // one model in memory at a time
     ScopedPatchMapping patch({{key, *fused}}, false, host.registries().patches());
     BuiltModel patched = build_model(host, Args(specs, forwarded));
@@ -186,7 +187,8 @@ void measure_variants(PluginHost& host, BuiltModel& built, const Args& args, con
                               run.decode_tokens, run.repeats));
   }
   // Quantized: every projection and the experts in GGUF's blocks, built from the same float weights.
-  if (host.registries().families().quantization_method("ggml") && !args.has("quantize") && !args.flag("no-quantized")) {
+  if (host.registries().families().quantization_method("ggml") && !args.has("quantize") && !args.flag("no-quantized") &&
+      !in_group) {
     for (const char* format : {"q8_0", "q4_0"}) {
       built.model.reset();
       auto quantized_argv = forwarded;

@@ -181,7 +181,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
   if (progress_shown) std::cerr << "\n";
   if (decoder) std::cout << (out.new_tokens == 0 ? prompt_read : std::string()) << decoder->finish() << std::endl;
 
-  if (args.has("output")) {
+  if (args.has("output") && (!process_group() || process_group()->rank() == 0)) {  // in a group, rank 0 writes
     // Step 0 is the prefill; a run of no steps writes [0, B, V].
     const int64_t vocab = built.model->config().decoder.vocab_size;
     const auto logits = out.logits.empty() ? at::empty({0, out.sequences.size(0), vocab}, at::kFloat)

@@ -26,6 +26,7 @@ std::string plain_name(const torch::nn::Module& module) {
 }  // namespace
 
 int cmd_plan(const std::vector<std::string>& argv) {
+  refuse_group("plan");
   const auto specs = model_options();
   const Args args(specs, argv);
   if (args.flag("help")) {

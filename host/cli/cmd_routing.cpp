@@ -135,6 +135,7 @@ int replay(const std::vector<std::string>& argv) {
 }  // namespace
 
 int cmd_routing(const std::vector<std::string>& argv) {
+  refuse_group("routing");
   if (argv.empty() || argv[0] == "--help" || argv[0] == "-h") {
     std::cout << kUsage;
     return argv.empty() ? 2 : 0;

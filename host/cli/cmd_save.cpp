@@ -10,6 +10,7 @@
 namespace torchpatch::cli {
 
 int cmd_save(const std::vector<std::string>& argv) {
+  refuse_group("save");
   auto specs = model_options();
   specs.insert(specs.begin() + 1, {{"out", "DIR", "where to write config.json and the safetensors"},
                                    {"max-shard-bytes", "N", "split into shards of at most N bytes (default 5e9)"},

@@ -13,7 +13,6 @@
 
 #include "commands.h"
 #include "session.h"
-#include "launch.h"
 #include "torchpatch/checkpoint/load.h"
 #include "torchpatch/error.h"
 #include "torchpatch/runtime/auto.h"
@@ -240,8 +239,8 @@ bool quantized_pass(const Verdict& v, double max_kl, double min_top1) {
 }  // namespace
 
 int cmd_verify(const std::vector<std::string>& argv) {
+  refuse_group("verify");
   auto specs = model_options();
-  specs.push_back(tp_option());
   specs.insert(specs.begin() + 3,
                {{"prompt-ids", "IDS", "token ids, e.g. 1,2,3 (default: 2 rows of 16 random ids, seed 0)"},
                 {"inputs", "FILE", "safetensors file with input_ids [B,T] and optional attention_mask, position_ids, "

@@ -24,6 +24,8 @@
 
 #include "torchpatch/error.h"
 
+extern char** environ;
+
 namespace torchpatch::cli {
 
 namespace {
@@ -84,28 +86,50 @@ std::string describe_status(int status) {
   return fmt::format("exited with code {}", WEXITSTATUS(status));
 }
 
-pid_t start_rank(const std::string& self, const std::vector<std::string>& argv, int rank, int world, int port) {
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid != 0) return pid;
-  // The child: ranks die with the launcher, whatever kills it.
-  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-  if (::getppid() != parent) ::_exit(1);
-  for (const auto& [name, value] : {std::pair{"RANK", rank}, std::pair{"LOCAL_RANK", rank},
-                                    std::pair{"WORLD_SIZE", world}, std::pair{"LOCAL_WORLD_SIZE", world},
-                                    std::pair{"MASTER_PORT", port}}) {
-    ::setenv(name, std::to_string(value).c_str(), 1);
-  }
-  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+// Everything a rank's exec needs, built before fork: the child only calls async-signal-safe functions.
+struct RankExec {
+  std::vector<std::string> env_strings;
+  std::vector<char*> envp, argv;
+};
+
+RankExec rank_exec(const std::vector<std::string>& argv, int rank, int world, int port) {
+  RankExec exec;
+  const std::vector<std::string> ours{"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
   // The machine's cores shared between the ranks (as torchrun does), unless the caller chose: more
   // threads than cores spin against each other in every parallel region.
   const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
-  ::setenv("OMP_NUM_THREADS", std::to_string(std::max(1L, cores / world)).c_str(), 0);
-  std::vector<char*> cargv;
-  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-  cargv.push_back(nullptr);
-  ::execv(self.c_str(), cargv.data());
-  std::fprintf(stderr, "torchpatch: cannot start rank %d (%s): %s\n", rank, self.c_str(), std::strerror(errno));
+  bool threads_given = false;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const auto name = entry.substr(0, entry.find('='));
+    threads_given = threads_given || name == "OMP_NUM_THREADS";
+    if (std::find(ours.begin(), ours.end(), name) == ours.end()) exec.env_strings.push_back(entry);
+  }
+  for (const auto& [name, value] : {std::pair{"RANK", rank}, std::pair{"LOCAL_RANK", rank},
+                                    std::pair{"WORLD_SIZE", world}, std::pair{"LOCAL_WORLD_SIZE", world},
+                                    std::pair{"MASTER_PORT", port}}) {
+    exec.env_strings.push_back(fmt::format("{}={}", name, value));
+  }
+  exec.env_strings.push_back("MASTER_ADDR=127.0.0.1");
+  if (!threads_given) exec.env_strings.push_back(fmt::format("OMP_NUM_THREADS={}", std::max(1L, cores / world)));
+  for (auto& e : exec.env_strings) exec.envp.push_back(e.data());
+  exec.envp.push_back(nullptr);
+  for (const auto& a : argv) exec.argv.push_back(const_cast<char*>(a.c_str()));
+  exec.argv.push_back(nullptr);
+  return exec;
+}
+
+pid_t start_rank(const std::string& self, RankExec& exec) {
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  // The child: the launcher's handlers are not its own, and it dies with the launcher.
+  for (const int signal : {SIGINT, SIGTERM, SIGHUP}) ::signal(signal, SIG_DFL);
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (::getppid() != parent) ::_exit(1);
+  ::execve(self.c_str(), exec.argv.data(), exec.envp.data());
+  static const char message[] = "torchpatch: cannot start a rank\n";
+  (void)!::write(2, message, sizeof message - 1);
   ::_exit(127);
 }
 
@@ -135,14 +159,16 @@ std::optional<int> launch_ranks(const std::string& command, std::vector<std::str
   }
   const auto self = std::filesystem::read_symlink("/proc/self/exe").string();
   std::vector<std::string> argv{"torchpatch", command};
+  if (debug) argv.push_back("--debug");  // before the arguments: after a "--" it would be one of them
   argv.insert(argv.end(), args.begin(), args.end());
-  if (debug) argv.push_back("--debug");
 
   std::cout.flush();
   for (const int signal : {SIGINT, SIGTERM, SIGHUP}) std::signal(signal, on_signal);
   std::vector<pid_t> ranks(world, 0);
+  std::vector<RankExec> execs;
+  for (int rank = 0; rank < world; ++rank) execs.push_back(rank_exec(argv, rank, world, port));
   for (int rank = 0; rank < world; ++rank) {
-    ranks[rank] = start_rank(self, argv, rank, world, port);
+    ranks[rank] = start_rank(self, execs[rank]);
     if (ranks[rank] < 0) {
       ranks[rank] = 0;
       std::cerr << fmt::format("torchpatch {}: cannot start rank {}: {}\n", command, rank, std::strerror(errno));
@@ -160,22 +186,27 @@ std::optional<int> launch_ranks(const std::string& command, std::vector<std::str
   std::optional<std::chrono::steady_clock::time_point> failed_at;
   bool terminated = false, forwarded = false;
   while (live > 0) {
+    // Every rank that has ended since the last look; one killed by a signal is named first, since
+    // the others' failures are usually the consequence.
+    std::vector<std::pair<int, int>> ended;  // rank, status
     int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
-    if (pid > 0) {
+    for (pid_t pid; (pid = ::waitpid(-1, &status, WNOHANG)) > 0;) {
       for (int rank = 0; rank < world; ++rank) {
         if (ranks[rank] != pid) continue;
         ranks[rank] = 0;
         --live;
-        const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-        if (!ok && !failed_at && !interrupted) {
-          std::cerr << fmt::format("torchpatch {}: rank {} of {} {}; stopping the other ranks\n", command, rank,
-                                   world, describe_status(status));
-          code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
-          failed_at = std::chrono::steady_clock::now();
-        }
+        ended.emplace_back(rank, status);
       }
-      continue;
+    }
+    std::stable_sort(ended.begin(), ended.end(),
+                     [](const auto& a, const auto& b) { return WIFSIGNALED(a.second) && !WIFSIGNALED(b.second); });
+    for (const auto& [rank, how] : ended) {
+      const bool ok = WIFEXITED(how) && WEXITSTATUS(how) == 0;
+      if (ok || failed_at || interrupted) continue;
+      std::cerr << fmt::format("torchpatch {}: rank {} of {} {}; stopping the other ranks\n", command, rank, world,
+                               describe_status(how));
+      code = WIFEXITED(how) ? WEXITSTATUS(how) : 1;
+      failed_at = std::chrono::steady_clock::now();
     }
     if (interrupted && !forwarded) {
       stop_all(SIGTERM);
@@ -187,7 +218,7 @@ std::optional<int> launch_ranks(const std::string& command, std::vector<std::str
       terminated = true;
       *failed_at += std::chrono::seconds(2);  // then SIGKILL what is left, 2 s later
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (live > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (interrupted) return 128 + interrupted;
   return code;

@@ -9,7 +9,7 @@
 
 namespace torchpatch::cli {
 
-/// The --tp option of the commands that run as a group of processes (run, generate, verify, bench).
+/// The --tp option of the commands that run as a group of processes (run, generate, bench).
 OptionSpec tp_option();
 
 /// With --tp N (N > 1) in `args`: starts this program N times as ranks 0..N-1 (RANK, WORLD_SIZE,

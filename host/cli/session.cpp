@@ -1,5 +1,6 @@
 #include "session.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -171,7 +172,24 @@ BuiltModel build_model(PluginHost& host, const Args& args) {
   std::optional<dist::ActiveGroup> active;
   if (group) active.emplace(group);
   const auto patches = tensor_parallel_patches(host);
-  return load_model(source, LoadModelOptions{pretrained_options(args, host), args.flag("strict")});
+  auto built = load_model(source, LoadModelOptions{pretrained_options(args, host), args.flag("strict")});
+  if (group && std::none_of(built.plan.begin(), built.plan.end(), [](const PlanEntry& entry) {
+        return entry.record.class_name.rfind("TensorParallel", 0) == 0;
+      })) {
+    throw ConfigError(fmt::format("{}: nothing of it splits between processes (tensor parallelism covers the attention "
+                                  "and MLPs of Llama, Mistral, Qwen2, Qwen2-MoE, Qwen3-MoE and Gemma)",
+                                  built.model->class_name()));
+  }
+  return built;
+}
+
+void refuse_group(const std::string& command) {
+  const auto options = dist::options_from_environment();
+  if (options && options->world_size > 1) {
+    throw UsageError(fmt::format("{} does not run as a group of processes yet; run it without RANK and WORLD_SIZE "
+                                 "(tensor parallelism: run, generate and bench)",
+                                 command));
+  }
 }
 
 std::vector<OptionSpec> prompt_options() {

@@ -52,6 +52,10 @@ BuiltModel build_model(PluginHost& host, const Args& args);
 /// use; null otherwise. Models are then built tensor-parallel and only rank 0 prints.
 std::shared_ptr<dist::ProcessGroup> process_group();
 
+/// A UsageError naming `command` when a launcher set RANK and WORLD_SIZE (> 1): the commands that do
+/// not run as a group say so instead of running N unsplit copies.
+void refuse_group(const std::string& command);
+
 /// --prompt TEXT, --prompt-file FILE and --tokenizer DIR (run and generate).
 std::vector<OptionSpec> prompt_options();
 

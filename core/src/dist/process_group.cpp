@@ -2,6 +2,7 @@
 // collectives; every c10d, Gloo and socket failure becomes a DistError that names the rank and the cause.
 #include "torchpatch/dist/process_group.h"
 
+#include <csignal>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
@@ -112,8 +113,8 @@ struct ProcessGroup::State {
       while (!work->isCompleted() && std::chrono::steady_clock::now() < spin_until) std::this_thread::yield();
       work->wait(options.timeout);
     } catch (const std::exception& e) {
-      throw DistError(fmt::format("rank {} of {}: {} failed: {} (a peer process died, was killed or did not answer "
-                                  "within {})",
+      throw DistError(fmt::format("rank {} of {}: {} failed: {} (a peer process may have died, been killed or not "
+                                  "answered within {})",
                                   options.rank, options.world_size, what, cause_of(e), seconds(options.timeout)));
     }
   }
@@ -143,6 +144,9 @@ std::optional<GroupOptions> options_from_environment() {
 
 std::shared_ptr<ProcessGroup> ProcessGroup::join(const GroupOptions& options) {
   check(options);
+  // Gloo writes to its sockets with writev: a peer that died would kill this process with SIGPIPE
+  // instead of failing the collective with an error (Python ignores SIGPIPE; C++ programs do not).
+  std::signal(SIGPIPE, SIG_IGN);
   auto state = std::make_unique<State>();
   state->options = options;
   state->store = connect_store(options);
@@ -167,28 +171,40 @@ int ProcessGroup::rank() const { return state_->options.rank; }
 int ProcessGroup::size() const { return state_->options.world_size; }
 const GroupOptions& ProcessGroup::options() const { return state_->options; }
 
+namespace {
+// LibTorch 1.13's Gloo has no bfloat16: such tensors travel as float32 (exact both ways for a
+// broadcast or a gather; an all-reduce then sums in float32 and rounds once).
+bool travels_as_float(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16; }
+}  // namespace
+
 void ProcessGroup::all_reduce_sum(at::Tensor& tensor) {
   check_tensor("all_reduce_sum", tensor);
-  std::vector<at::Tensor> tensors{tensor};
+  std::vector<at::Tensor> tensors{travels_as_float(tensor) ? tensor.to(at::kFloat) : tensor};
   state_->run("all-reduce", [&] { return state_->gloo->allreduce(tensors); });
+  if (!tensors[0].is_same(tensor)) tensor.copy_(tensors[0]);
 }
 
 void ProcessGroup::broadcast(at::Tensor& tensor, int root) {
   check_tensor("broadcast", tensor);
   if (root < 0 || root >= size()) throw InputError(fmt::format("broadcast from rank {} in a group of {}", root, size()));
-  std::vector<at::Tensor> tensors{tensor};
+  std::vector<at::Tensor> tensors{travels_as_float(tensor) ? tensor.to(at::kFloat) : tensor};
   c10d::BroadcastOptions options;
   options.rootRank = root;
   state_->run("broadcast", [&] { return state_->gloo->broadcast(tensors, options); });
+  if (!tensors[0].is_same(tensor)) tensor.copy_(tensors[0]);
 }
 
 std::vector<at::Tensor> ProcessGroup::all_gather(const at::Tensor& tensor) {
   check_tensor("all_gather", tensor);
+  const auto sent = travels_as_float(tensor) ? tensor.to(at::kFloat) : tensor;
   std::vector<std::vector<at::Tensor>> outputs(1);
-  for (int r = 0; r < size(); ++r) outputs[0].push_back(at::empty_like(tensor));
-  std::vector<at::Tensor> inputs{tensor};
+  for (int r = 0; r < size(); ++r) outputs[0].push_back(at::empty_like(sent));
+  std::vector<at::Tensor> inputs{sent};
   state_->run("all-gather", [&] { return state_->gloo->allgather(outputs, inputs); });
-  return outputs[0];
+  if (sent.is_same(tensor)) return outputs[0];
+  std::vector<at::Tensor> back;
+  for (const auto& t : outputs[0]) back.push_back(t.to(tensor.scalar_type()));
+  return back;
 }
 
 void ProcessGroup::barrier() {
