@@ -43,6 +43,10 @@ void check_case(const std::string& name, int world) {
     CHECK((ranks[rank].out.find("next tokens at position") != std::string::npos) == (rank == 0));
   }
   CHECK_THAT(ranks[0].out, Contains("TensorParallel"));  // the counters of the classes that replaced attention and MLPs
+  if (moe) {
+    CHECK_THAT(ranks[0].out, Contains("ExpertParallelExperts"));  // each rank runs its experts only
+    CHECK_THAT(ranks[0].out, Contains("ExpertParallelBlock"));
+  }
   const auto ref = torchpatch::checkpoint::SafetensorsFile::open(data_dir() / name / "reference.safetensors");
   const auto got = torchpatch::checkpoint::SafetensorsFile::open(out);
   const auto mask = ref->tensor("attention_mask");
@@ -69,6 +73,7 @@ TEST_CASE("two ranks match the reference on every decoder case, MoE expert choic
 
 TEST_CASE("four ranks (key/value heads replicated over two ranks each) match the reference", "[cli][dist]") {
   check_case("llama_basic", 4);
+  check_case("qwen2_moe_basic", 4);  // two experts a rank
 }
 
 TEST_CASE("a world size that does not split the heads fails on every rank before reading weights", "[cli][dist]") {

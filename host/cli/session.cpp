@@ -141,20 +141,23 @@ std::shared_ptr<dist::ProcessGroup> process_group() {
 }
 
 namespace {
-// In a group: the decoder families' attention and MLP classes become the tensor-parallel ones.
+// In a group: the decoder families' attention and MLP classes become the tensor-parallel ones, the
+// MoE families' experts and sparse blocks the expert-parallel ones.
 std::optional<ScopedPatchMapping> tensor_parallel_patches(PluginHost& host) {
   if (!process_group()) return std::nullopt;
-  const auto attention = host.find_class("TensorParallelAttention");
-  const auto qk_norm = host.find_class("TensorParallelQkNormAttention");
-  const auto mlp = host.find_class("TensorParallelMLP");
-  if (!attention || !qk_norm || !mlp) {
-    throw UsageError("running as a group of processes needs the bundled plugin 'tensor-parallel'");
-  }
+  const auto find = [&](const std::string& name) {
+    auto found = host.find_class(name);
+    if (!found) throw UsageError("running as a group of processes needs the bundled plugin 'tensor-parallel'");
+    return *found;
+  };
   return std::optional<ScopedPatchMapping>(
       std::in_place,
-      PatchMapping::Items{{"^(Llama|Mistral|Qwen2|Qwen2Moe|Gemma)Attention$", *attention},
-                          {"^Qwen3MoeAttention$", *qk_norm},
-                          {"^(Llama|Mistral|Qwen2|Qwen2Moe|Qwen3Moe|Gemma)MLP$", *mlp}},
+      PatchMapping::Items{{"^(Llama|Mistral|Qwen2|Qwen2Moe|Gemma)Attention$", find("TensorParallelAttention")},
+                          {"^Qwen3MoeAttention$", find("TensorParallelQkNormAttention")},
+                          {"^(Llama|Mistral|Qwen2|Qwen2Moe|Qwen3Moe|Gemma)MLP$", find("TensorParallelMLP")},
+                          {"^Qwen2MoeSparseMoeBlock$", find("Qwen2MoeExpertParallelBlock")},
+                          {"^Qwen3MoeSparseMoeBlock$", find("Qwen3MoeExpertParallelBlock")},
+                          {"^Qwen(2|3)MoeExperts$", find("ExpertParallelExperts")}},
       false, host.registries().patches());
 }
 }  // namespace
@@ -174,10 +177,10 @@ BuiltModel build_model(PluginHost& host, const Args& args) {
   const auto patches = tensor_parallel_patches(host);
   auto built = load_model(source, LoadModelOptions{pretrained_options(args, host), args.flag("strict")});
   if (group && std::none_of(built.plan.begin(), built.plan.end(), [](const PlanEntry& entry) {
-        return entry.record.class_name.rfind("TensorParallel", 0) == 0;
+        return entry.record.class_name.find("Parallel") != std::string::npos;
       })) {
     throw ConfigError(fmt::format("{}: nothing of it splits between processes (tensor parallelism covers the attention "
-                                  "and MLPs of Llama, Mistral, Qwen2, Qwen2-MoE, Qwen3-MoE and Gemma)",
+                                  "and MLPs of Llama, Mistral, Qwen2, Qwen2-MoE, Qwen3-MoE and Gemma, and the experts of the MoE families)",
                                   built.model->class_name()));
   }
   return built;

@@ -15,24 +15,17 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
-#include "torchpatch/dist/process_group.h"
-#include "torchpatch/models/blocks.h"
-#include "torchpatch/plugin_api.h"
+#include "parallel.h"
 
-namespace {
+namespace torchpatch_tensor_parallel {
 
-using torchpatch::BuildContext;
-using torchpatch::CheckpointError;
-using torchpatch::ConfigError;
-using torchpatch::dist::ProcessGroup;
-namespace checkpoint = torchpatch::checkpoint;
-
-// The active group's world size (1 without a group: the classes are then the plain ones).
 int64_t world_of(const std::shared_ptr<ProcessGroup>& group) { return group ? group->size() : 1; }
 
 void all_reduce(const std::shared_ptr<ProcessGroup>& group, at::Tensor& partial) {
   if (group) group->all_reduce_sum(partial);
 }
+
+namespace {
 
 // -- conversion ops -------------------------------------------------------------------------------------
 
@@ -219,8 +212,11 @@ class TensorParallelQkNormAttention : public torchpatch::nn::QkNormAttention {
   std::shared_ptr<ProcessGroup> group_;
 };
 
+}  // namespace
+
 // -- MLP ------------------------------------------------------------------------------------------------
 
+namespace {
 torchpatch::nn::MlpOptions local_mlp(const BuildContext& ctx, const std::shared_ptr<ProcessGroup>& group) {
   auto options = torchpatch::mlp_options(ctx);
   const int64_t n = world_of(group);
@@ -231,23 +227,18 @@ torchpatch::nn::MlpOptions local_mlp(const BuildContext& ctx, const std::shared_
   options.intermediate_size /= n;
   return options;
 }
+}  // namespace
 
-/// The gated MLP over this rank's slice of the intermediate dimension; down_proj's partial sums are all-reduced.
-class TensorParallelMLP : public torchpatch::nn::GatedMlp {
- public:
-  explicit TensorParallelMLP(const BuildContext& ctx) : TensorParallelMLP(ctx, torchpatch::dist::active_group()) {}
+TensorParallelMLP::TensorParallelMLP(const BuildContext& ctx) : TensorParallelMLP(ctx, torchpatch::dist::active_group()) {}
 
-  at::Tensor forward(const at::Tensor& x) override {
-    auto out = GatedMlp::forward(x).contiguous();
-    all_reduce(group_, out);
-    return out;
-  }
+TensorParallelMLP::TensorParallelMLP(const BuildContext& ctx, std::shared_ptr<ProcessGroup> group)
+    : GatedMlp(local_mlp(ctx, group)), group_(std::move(group)) {}
 
- private:
-  TensorParallelMLP(const BuildContext& ctx, std::shared_ptr<ProcessGroup> group)
-      : GatedMlp(local_mlp(ctx, group)), group_(std::move(group)) {}
-  std::shared_ptr<ProcessGroup> group_;
-};
+at::Tensor TensorParallelMLP::forward(const at::Tensor& x) {
+  auto out = forward_partial(x).contiguous();
+  all_reduce(group_, out);
+  return out;
+}
 
 void register_plugin(torchpatch::Registrar& registrar) {
   registrar.add_replacement(torchpatch::module_class<TensorParallelAttention>("TensorParallelAttention"), {});
@@ -256,8 +247,9 @@ void register_plugin(torchpatch::Registrar& registrar) {
   registrar.add_conversion("TensorParallelQkNormAttention", attention_rules);
   registrar.add_replacement(torchpatch::module_class<TensorParallelMLP>("TensorParallelMLP"), {});
   registrar.add_conversion("TensorParallelMLP", mlp_rules);
+  register_expert_parallel(registrar);
 }
 
-}  // namespace
+}  // namespace torchpatch_tensor_parallel
 
-TORCHPATCH_PLUGIN("tensor-parallel", "1.0.0", register_plugin)
+TORCHPATCH_PLUGIN("tensor-parallel", "1.0.0", torchpatch_tensor_parallel::register_plugin)

@@ -85,7 +85,8 @@ namespace {
 // an expert chosen twice (it runs once on two rows there, with another product's rounding) or an id
 // out of range (its error is the grouped loop's).
 at::Tensor one_token_experts(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights,
-                             int64_t num_experts, Activation act, const ExpertProjections& projections) {
+                             int64_t num_experts, ExpertRange range, Activation act,
+                             const ExpertProjections& projections) {
   const auto ids = indices.to(at::kCPU, at::kLong).contiguous();
   const auto* id = ids.data_ptr<int64_t>();
   std::vector<int64_t> slots(static_cast<std::size_t>(ids.numel()));
@@ -97,8 +98,10 @@ at::Tensor one_token_experts(const at::Tensor& hidden, const at::Tensor& indices
   }
   auto out = at::zeros_like(hidden);
   for (const auto slot : slots) {
-    auto gate_up = projections.gate_up(id[slot], hidden).chunk(2, -1);
-    auto y = projections.down(id[slot], activate(act, gate_up[0]) * gate_up[1]) * weights.select(1, slot).unsqueeze(-1);
+    const auto local = id[slot] - range.first;
+    if (local < 0 || local >= range.count) continue;
+    auto gate_up = projections.gate_up(local, hidden).chunk(2, -1);
+    auto y = projections.down(local, activate(act, gate_up[0]) * gate_up[1]) * weights.select(1, slot).unsqueeze(-1);
     out.add_(y.to(out.scalar_type()));
   }
   return out;
@@ -108,31 +111,40 @@ at::Tensor one_token_experts(const at::Tensor& hidden, const at::Tensor& indices
 
 at::Tensor grouped_experts(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights,
                            int64_t num_experts, Activation act, const ExpertProjections& projections) {
+  return grouped_experts(hidden, indices, weights, num_experts, ExpertRange{0, num_experts}, act, projections);
+}
+
+at::Tensor grouped_experts(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights,
+                           int64_t num_experts, ExpertRange range, Activation act,
+                           const ExpertProjections& projections) {
   if (hidden.dim() == 2 && hidden.size(0) == 1 && !at::GradMode::is_enabled()) {
-    auto out = one_token_experts(hidden, indices, weights, num_experts, act, projections);
+    auto out = one_token_experts(hidden, indices, weights, num_experts, range, act, projections);
     if (out.defined()) return out;
   }
   const int64_t top_k = indices.size(1);
   // Token-expert pairs sorted by expert (stable: tokens stay in order within an expert), so each
-  // chosen expert reads one contiguous slice of gathered tokens.
+  // chosen expert reads one contiguous slice of gathered tokens; the range's pairs are one run of them.
   const auto flat = indices.reshape({-1});
-  const auto order = std::get<1>(flat.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false));
-  const auto token = order.div(top_k, "floor");
   const auto counts = at::bincount(flat, {}, num_experts).contiguous();
   const auto* count = counts.data_ptr<int64_t>();
-  const auto x = hidden.index_select(0, token);  // [T*K, H], grouped by expert
+  int64_t before = 0, inside = 0;
+  for (int64_t e = 0; e < range.first; ++e) before += count[e];
+  for (int64_t e = range.first; e < range.first + range.count; ++e) inside += count[e];
+  auto out = at::zeros_like(hidden);
+  if (inside == 0) return out;
+  const auto order = std::get<1>(flat.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false)).narrow(0, before, inside);
+  const auto token = order.div(top_k, "floor");
+  const auto x = hidden.index_select(0, token);  // [n, H], grouped by expert
   const auto w = weights.reshape({-1}).index_select(0, order).unsqueeze(-1);
   std::vector<at::Tensor> pieces;
   int64_t start = 0;
-  for (int64_t e = 0; e < num_experts; ++e) {
+  for (int64_t e = range.first; e < range.first + range.count; ++e) {
     if (count[e] == 0) continue;
     auto slice = x.narrow(0, start, count[e]);
-    auto gate_up = projections.gate_up(e, slice).chunk(2, -1);
-    pieces.push_back(projections.down(e, activate(act, gate_up[0]) * gate_up[1]));
+    auto gate_up = projections.gate_up(e - range.first, slice).chunk(2, -1);
+    pieces.push_back(projections.down(e - range.first, activate(act, gate_up[0]) * gate_up[1]));
     start += count[e];
   }
-  auto out = at::zeros_like(hidden);
-  if (pieces.empty()) return out;
   // One scatter in expert order adds each token's experts in ascending order, as the eager loop does.
   out.index_add_(0, token, (at::cat(pieces, 0) * w).to(out.scalar_type()));
   return out;

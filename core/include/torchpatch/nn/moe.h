@@ -73,6 +73,17 @@ struct TORCHPATCH_API ExpertProjections {
 TORCHPATCH_API at::Tensor grouped_experts(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights,
                                           int64_t num_experts, Activation act, const ExpertProjections& projections);
 
+/// Experts [first, first + count) of `num_experts`: the ones one process holds under expert
+/// parallelism. `indices` are global ids; `projections` get local ids (expert - first); choices of
+/// other experts contribute nothing. The range (0, num_experts) is grouped_experts.
+struct TORCHPATCH_API ExpertRange {
+  int64_t first = 0;
+  int64_t count = 0;
+};
+TORCHPATCH_API at::Tensor grouped_experts(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights,
+                                          int64_t num_experts, ExpertRange range, Activation act,
+                                          const ExpertProjections& projections);
+
 /// `XExperts`: every expert's gated MLP in two stacked parameters, gate_up_proj [E, 2*Im, H] (gate
 /// rows first) and down_proj [E, H, Im]. Two ways to run, same numbers (same order of additions):
 /// "eager", Hugging Face's loop that scans the choices once per expert, and "grouped" (default),

@@ -1,0 +1,191 @@
+// Expert parallelism for the MoE families (Qwen2-MoE, Qwen3-MoE): rank r of N holds experts
+// [r*E/N, (r+1)*E/N), the router runs on every rank (its inputs are the same bits everywhere, so
+// are its choices), each rank runs its experts' share of the chosen pairs, the shared expert is split
+// like the MLP, and one all-reduce per block sums both:
+//
+//   out = Σ_r experts_r(x) + sigmoid(shared_expert_gate(x)) * Σ_r shared_expert_r(x)   (one all-reduce)
+//
+// Each rank reads only its experts from the checkpoint (SelectExperts runs before the stacking), and
+// saving gathers them back in expert order.
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include "parallel.h"
+#include "torchpatch/models/qwen2_moe.h"
+#include "torchpatch/models/qwen3_moe.h"
+
+namespace torchpatch_tensor_parallel {
+
+namespace {
+
+// -- conversion ops -------------------------------------------------------------------------------------
+
+// The experts a rank holds: [first, first + count) of the `total` per-expert tensors of each source
+// pattern (they arrive in expert order), kept before anything stacks them.
+struct ExpertShare {
+  int64_t first = 0, count = 0, total = 0;
+};
+
+ExpertShare share_of(int64_t total, const std::shared_ptr<ProcessGroup>& group) {
+  const int64_t count = total / world_of(group);
+  return {group ? group->rank() * count : 0, count, total};
+}
+
+class GatherExpertsOp;
+
+class SelectExpertsOp : public checkpoint::ConversionOp {
+ public:
+  SelectExpertsOp(ExpertShare share, std::shared_ptr<ProcessGroup> group) : share_(share), group_(std::move(group)) {}
+  std::string name() const override {
+    return fmt::format("SelectExperts({}..{} of {})", share_.first, share_.first + share_.count - 1, share_.total);
+  }
+  checkpoint::PatternTensors convert(checkpoint::PatternTensors inputs, const std::vector<std::string>&,
+                                     const std::vector<std::string>& targets) const override {
+    for (auto& [pattern, tensors] : inputs) {
+      if (static_cast<int64_t>(tensors.size()) != share_.total) {
+        throw CheckpointError(fmt::format("{}: the checkpoint has {} tensors '{}', the config {} experts",
+                                          targets.at(0), tensors.size(), pattern, share_.total));
+      }
+      tensors = {tensors.begin() + share_.first, tensors.begin() + share_.first + share_.count};
+    }
+    return inputs;
+  }
+  std::shared_ptr<checkpoint::ConversionOp> reverse() const override;
+
+ private:
+  ExpertShare share_;
+  std::shared_ptr<ProcessGroup> group_;
+};
+
+// Every rank's experts, gathered in rank order (a collective: every rank saves).
+class GatherExpertsOp : public checkpoint::ConversionOp {
+ public:
+  GatherExpertsOp(ExpertShare share, std::shared_ptr<ProcessGroup> group) : share_(share), group_(std::move(group)) {}
+  std::string name() const override { return fmt::format("GatherExperts({} experts)", share_.total); }
+  checkpoint::PatternTensors convert(checkpoint::PatternTensors inputs, const std::vector<std::string>&,
+                                     const std::vector<std::string>&) const override {
+    for (auto& [pattern, tensors] : inputs) {
+      auto all = at::cat(group_->all_gather(at::stack(tensors).contiguous()), 0);  // [E, ...]
+      tensors = all.unbind(0);
+    }
+    return inputs;
+  }
+  std::shared_ptr<checkpoint::ConversionOp> reverse() const override {
+    return std::make_shared<SelectExpertsOp>(share_, group_);
+  }
+
+ private:
+  ExpertShare share_;
+  std::shared_ptr<ProcessGroup> group_;
+};
+
+std::shared_ptr<checkpoint::ConversionOp> SelectExpertsOp::reverse() const {
+  return std::make_shared<GatherExpertsOp>(share_, group_);
+}
+
+// The families' expert rules (hub per-expert weights stacked into gate_up_proj / down_proj), with
+// this rank's experts selected first.
+checkpoint::ConversionRules experts_rules(const torchpatch::Config& config) {
+  using namespace checkpoint;
+  const auto group = torchpatch::dist::active_group();
+  std::vector<OpPtr> select;
+  if (group) {
+    const auto total = config.as<torchpatch::ModelConfig>().decoder.moe.num_experts;
+    select.push_back(std::make_shared<SelectExpertsOp>(share_of(total, group), group));
+  }
+  auto with_select = [&](std::vector<OpPtr> ops) {
+    ops.insert(ops.begin(), select.begin(), select.end());
+    return ops;
+  };
+  return {WeightConverter{{"*.gate_proj.weight", "*.up_proj.weight"},
+                          {"gate_up_proj"},
+                          with_select({MergeModulelist(0), Concatenate(1)})},
+          WeightConverter{{"*.down_proj.weight"}, {"down_proj"}, with_select({MergeModulelist(0)})}};
+}
+
+// -- experts --------------------------------------------------------------------------------------------
+
+torchpatch::nn::ExpertsOptions local_experts(const BuildContext& ctx, const std::shared_ptr<ProcessGroup>& group) {
+  auto options = torchpatch::experts_options(torchpatch::model_config(ctx).decoder);
+  const int64_t n = world_of(group);
+  if (options.num_experts % n != 0) {
+    throw ConfigError(fmt::format("{}: {} experts do not split over {} ranks", ctx.path, options.num_experts, n));
+  }
+  options.num_experts /= n;
+  return options;
+}
+
+/// This rank's experts (gate_up_proj [E/N, 2*Im, H], down_proj [E/N, H, Im]). Takes global expert ids
+/// and returns this rank's share of the block's routed output: the choices of other ranks' experts
+/// add nothing here.
+class ExpertParallelExperts : public torchpatch::nn::FusedExperts {
+ public:
+  explicit ExpertParallelExperts(const BuildContext& ctx)
+      : ExpertParallelExperts(ctx, torchpatch::dist::active_group()) {}
+
+ protected:
+  at::Tensor forward_impl(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights) override {
+    const torchpatch::nn::ExpertProjections projections{
+        [&](int64_t e, const at::Tensor& x) { return torchpatch::nn::linear(x, gate_up_proj[e]); },
+        [&](int64_t e, const at::Tensor& x) { return torchpatch::nn::linear(x, down_proj[e]); }};
+    return torchpatch::nn::grouped_experts(hidden, indices, weights, share_.total, {share_.first, share_.count}, act,
+                                           projections);
+  }
+  int64_t expert_count() const override { return share_.total; }  // ids are global
+
+ private:
+  ExpertParallelExperts(const BuildContext& ctx, const std::shared_ptr<ProcessGroup>& group)
+      : FusedExperts(local_experts(ctx, group)),
+        share_(share_of(torchpatch::model_config(ctx).decoder.moe.num_experts, group)) {}
+  ExpertShare share_;
+};
+
+// -- the sparse block -----------------------------------------------------------------------------------
+
+/// A family's sparse MoE block whose output is reduced once over the group: the routed experts' and
+/// the shared expert's partial sums together. A part that is not split (another replacement chosen
+/// for it) counts on rank 0 only.
+template <class Block>
+class ExpertParallelBlock : public Block {
+ public:
+  explicit ExpertParallelBlock(const BuildContext& ctx) : Block(ctx), group_(torchpatch::dist::active_group()) {}
+
+  at::Tensor forward(const at::Tensor& hidden) override {
+    if (!group_) return Block::forward(hidden);
+    const auto shape = hidden.sizes().vec();
+    const auto x = hidden.reshape({-1, shape.back()});  // [T, H]
+    const auto routed = this->gate->forward(x);         // the same on every rank
+    const bool split_experts = dynamic_cast<ExpertParallelExperts*>(this->experts.get()) != nullptr;
+    auto out = split_experts || group_->rank() == 0 ? this->experts->forward(x, routed.indices, routed.scores)
+                                                    : at::zeros_like(x);
+    if (this->shared_expert) {
+      const auto scale = at::sigmoid(this->shared_expert_gate->forward(x));  // [T, 1]
+      if (auto* split = dynamic_cast<TensorParallelMLP*>(this->shared_expert.get())) {
+        out = out + scale * split->forward_partial(x);
+      } else if (group_->rank() == 0) {
+        out = out + scale * this->shared_expert->forward(x);
+      }
+    }
+    out = out.contiguous();
+    group_->all_reduce_sum(out);
+    return out.view(shape);
+  }
+
+ private:
+  std::shared_ptr<ProcessGroup> group_;
+};
+
+}  // namespace
+
+void register_expert_parallel(torchpatch::Registrar& registrar) {
+  registrar.add_replacement(torchpatch::module_class<ExpertParallelExperts>("ExpertParallelExperts"), {});
+  registrar.add_conversion("ExpertParallelExperts", experts_rules);
+  registrar.add_replacement(torchpatch::module_class<ExpertParallelBlock<torchpatch::qwen2_moe::Qwen2MoeSparseMoeBlock>>(
+                                "Qwen2MoeExpertParallelBlock"),
+                            {});
+  registrar.add_replacement(torchpatch::module_class<ExpertParallelBlock<torchpatch::qwen3_moe::Qwen3MoeSparseMoeBlock>>(
+                                "Qwen3MoeExpertParallelBlock"),
+                            {});
+}
+
+}  // namespace torchpatch_tensor_parallel
