@@ -215,10 +215,31 @@ TEST_CASE("a master port in use under --tp, and bad --tp values, are clear error
   r = torchpatch_cli("run --tp 2 --model " + llama_dir() + " --prompt-ids 1", "RANK=0 WORLD_SIZE=2");
   CHECK(r.code == 2);
   CHECK_THAT(r.out, Contains("--tp starts its own processes"));
-  r = torchpatch_cli("save --model " + llama_dir() + " --out /nonexistent", "RANK=0 WORLD_SIZE=2");
+  r = torchpatch_cli("routing record --model " + llama_dir() + " --out /nonexistent", "RANK=0 WORLD_SIZE=2");
   CHECK(r.code == 2);
-  CHECK_THAT(r.out, Contains("save does not run as a group of processes yet"));
+  CHECK_THAT(r.out, Contains("routing does not run as a group of processes yet"));
   r = torchpatch_cli("run --tp 2 --preset tiny-gemma2 --prompt-ids 1,2");
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Contains("Gemma2ForCausalLM: nothing of it splits between processes"));
+}
+
+TEST_CASE("save --tp gathers every rank's slices and experts into the hub layout, bit for bit", "[cli][dist]") {
+  for (const char* name : {"llama_basic", "qwen2_moe_basic", "qwen3_moe_basic"}) {
+    INFO(name);
+    const auto out = temp_file(std::string(name) + "-tp-saved");
+    std::filesystem::remove_all(out);
+    const auto dir = (data_dir() / name).string();
+    const auto r = torchpatch_cli("save --tp 2 --model " + dir + " --out " + out.string());
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    CHECK_THAT(r.out, Contains("saved "));
+    const auto original = torchpatch::checkpoint::Checkpoint::open(dir);
+    const auto saved = torchpatch::checkpoint::Checkpoint::open(out);
+    REQUIRE(saved.keys() == original.keys());
+    for (const auto& key : original.keys()) {
+      INFO(key);
+      CHECK(at::equal(saved.tensor(key), original.tensor(key)));
+    }
+    std::filesystem::remove_all(out);
+  }
 }

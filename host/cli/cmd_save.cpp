@@ -4,23 +4,25 @@
 #include <fmt/format.h>
 
 #include "commands.h"
+#include "launch.h"
 #include "session.h"
 #include "torchpatch/checkpoint/load.h"
 
 namespace torchpatch::cli {
 
 int cmd_save(const std::vector<std::string>& argv) {
-  refuse_group("save");
   auto specs = model_options();
   specs.insert(specs.begin() + 1, {{"out", "DIR", "where to write config.json and the safetensors"},
                                    {"max-shard-bytes", "N", "split into shards of at most N bytes (default 5e9)"},
                                    {"dequantize", "", "write quantized weights back in float, without quantization_config"}});
+  specs.push_back(tp_option());
   const Args args(specs, argv);
   if (args.flag("help")) {
     std::cout << usage("save", "Load a model with any patches and save it in the Hugging Face hub layout: every "
                                "weight conversion is reversed, so the files load anywhere. A quantized model "
                                "(--quantize, or a quantized checkpoint) is written as its blocks with its "
-                               "quantization_config, unless --dequantize.",
+                               "quantization_config, unless --dequantize. Under --tp N the ranks load their "
+                               "slices and rank 0 writes the whole model, gathered back from them.",
                        specs);
     return 0;
   }
@@ -36,6 +38,11 @@ int cmd_save(const std::vector<std::string>& argv) {
   print_load_report(built);
   options.conversions = &host->registries().conversions();
   options.dequantize = args.flag("dequantize");
+  if (const auto group = process_group(); group && group->rank() != 0) {
+    // The same gathers as rank 0's save, in the same order; rank 0 alone writes.
+    checkpoint::hub_state_dict(*built.model, *options.conversions, !options.dequantize);
+    return 0;
+  }
   checkpoint::save_pretrained(*built.model, args.value("out"), options);
   std::cout << fmt::format("saved {} ({}) to {}\n", built.model->class_name(), built.source, args.value("out"));
   return 0;

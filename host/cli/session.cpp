@@ -135,6 +135,9 @@ std::shared_ptr<dist::ProcessGroup> process_group() {
     auto joined = dist::ProcessGroup::join(*options);
     // Rank 0 reports; the others' standard output goes nowhere (their errors still reach stderr).
     if (joined->rank() != 0) std::freopen("/dev/null", "w", stdout);
+    // Active for the process's life: the parallel classes read it when built, their conversion
+    // rules when the model loads and again when it saves (gathering the slices).
+    static const dist::ActiveGroup active(joined);
     return joined;
   }();
   return group;
@@ -172,8 +175,6 @@ BuiltModel build_model(PluginHost& host, const Args& args) {
   if (group && args.has("quantize")) {
     throw UsageError("--quantize: quantized projections do not split between processes yet; run without --tp");
   }
-  std::optional<dist::ActiveGroup> active;
-  if (group) active.emplace(group);
   const auto patches = tensor_parallel_patches(host);
   auto built = load_model(source, LoadModelOptions{pretrained_options(args, host), args.flag("strict")});
   if (group && std::none_of(built.plan.begin(), built.plan.end(), [](const PlanEntry& entry) {
