@@ -162,6 +162,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
 
   auto config = read_generation_config(args, built.model->config().decoder, tokenizer ? &*tokenizer : nullptr);
   config.output_logits = args.has("output");  // Hugging Face's output_logits, for generated_logits
+  agree_with_rank_zero(config);
   bool progress_shown = false;
   const bool stream = tokenizer && !args.flag("json");
   std::shared_ptr<text::IncrementalDecoder> decoder;

@@ -187,6 +187,10 @@ BuiltModel build_model(PluginHost& host, const Args& args) {
   return built;
 }
 
+void agree_with_rank_zero(GenerationConfig& config) {
+  if (const auto group = process_group()) config.agree_tokens = [group](at::Tensor& tokens) { group->broadcast(tokens, 0); };
+}
+
 void refuse_group(const std::string& command) {
   const auto options = dist::options_from_environment();
   if (options && options->world_size > 1) {

@@ -10,6 +10,7 @@
 #include "args.h"
 #include "torchpatch/checkpoint/load.h"
 #include "torchpatch/dist/process_group.h"
+#include "torchpatch/generation/generate.h"
 #include "torchpatch/runtime/auto.h"
 #include "torchpatch/runtime/loader.h"
 #include "torchpatch/models/pretrained.h"
@@ -51,6 +52,10 @@ BuiltModel build_model(PluginHost& host, const Args& args);
 /// The group this process belongs to when a launcher set RANK and WORLD_SIZE (> 1), joined on first
 /// use; null otherwise. Models are then built tensor-parallel and only rank 0 prints.
 std::shared_ptr<dist::ProcessGroup> process_group();
+
+/// In a group, makes generation take rank 0's tokens on every rank (a broadcast per step), so ranks
+/// agree on sampled tokens whatever their random states; nothing outside a group.
+void agree_with_rank_zero(GenerationConfig& config);
 
 /// A UsageError naming `command` when a launcher set RANK and WORLD_SIZE (> 1): the commands that do
 /// not run as a group say so instead of running N unsplit copies.

@@ -155,6 +155,10 @@ GenerationOutput generate(PretrainedModel& model, const at::Tensor& input_ids, c
     } else {
       next = logits.argmax(-1);
     }
+    if (config.agree_tokens) {
+      next = next.contiguous();
+      config.agree_tokens(next);
+    }
     if (eos.numel() > 0) {
       next = at::where(unfinished, next, at::full_like(next, config.pad_token_id));
       unfinished = unfinished.logical_and(at::isin(next, eos).logical_not());

@@ -38,6 +38,10 @@ struct TORCHPATCH_API GenerationConfig {
   bool output_logits = false;  ///< keep each step's raw next-token logits
   std::vector<std::string> outputs;  ///< named outputs to capture at every step (see ModelInputs::outputs)
   std::function<void(const GenerationProgress&)> on_step;  ///< called after each generated token
+  /// Called with each step's chosen tokens [B] (int64, contiguous) before anything uses them, to
+  /// replace them in place: a group of processes gives every rank rank 0's choice (a broadcast), so
+  /// sampling agrees even where the ranks' random states do not.
+  std::function<void(at::Tensor& tokens)> agree_tokens;
 };
 
 struct TORCHPATCH_API GenerationOutput {
