@@ -155,9 +155,11 @@ std::optional<ScopedPatchMapping> tensor_parallel_patches(PluginHost& host) {
   };
   return std::optional<ScopedPatchMapping>(
       std::in_place,
-      PatchMapping::Items{{"^(Llama|Mistral|Qwen2|Qwen2Moe|Gemma)Attention$", find("TensorParallelAttention")},
+      PatchMapping::Items{{"^(Llama|Mistral|Qwen2|Qwen2Moe|Gemma|Gemma2)Attention$", find("TensorParallelAttention")},
                           {"^Qwen3MoeAttention$", find("TensorParallelQkNormAttention")},
-                          {"^(Llama|Mistral|Qwen2|Qwen2Moe|Qwen3Moe|Gemma)MLP$", find("TensorParallelMLP")},
+                          {"^Phi3Attention$", find("TensorParallelFusedQkvAttention")},
+                          {"^(Llama|Mistral|Qwen2|Qwen2Moe|Qwen3Moe|Gemma|Gemma2)MLP$", find("TensorParallelMLP")},
+                          {"^Phi3MLP$", find("TensorParallelFusedMLP")},
                           {"^Qwen2MoeSparseMoeBlock$", find("Qwen2MoeExpertParallelBlock")},
                           {"^Qwen3MoeSparseMoeBlock$", find("Qwen3MoeExpertParallelBlock")},
                           {"^Qwen(2|3)MoeExperts$", find("ExpertParallelExperts")}},
@@ -181,7 +183,7 @@ BuiltModel build_model(PluginHost& host, const Args& args) {
         return entry.record.class_name.find("Parallel") != std::string::npos;
       })) {
     throw ConfigError(fmt::format("{}: nothing of it splits between processes (tensor parallelism covers the attention "
-                                  "and MLPs of Llama, Mistral, Qwen2, Qwen2-MoE, Qwen3-MoE and Gemma, and the experts of the MoE families)",
+                                  "and MLPs of Llama, Mistral, Qwen2, Gemma, Gemma2, Phi-3, Qwen2-MoE and Qwen3-MoE, and the MoE families' experts)",
                                   built.model->class_name()));
   }
   return built;

@@ -15,7 +15,12 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <cmath>
+#include <tuple>
+
 #include "parallel.h"
+#include "sharding.h"
+#include "torchpatch/models/gemma.h"
 
 namespace torchpatch_tensor_parallel {
 
@@ -27,97 +32,7 @@ void all_reduce(const std::shared_ptr<ProcessGroup>& group, at::Tensor& partial)
 
 namespace {
 
-// -- conversion ops -------------------------------------------------------------------------------------
-
-// Part `rank / (world / parts)` of `parts` equal parts along `dim`: with fewer parts than ranks
-// (key/value heads), consecutive ranks hold the same part.
-class ShardOp : public checkpoint::ConversionOp {
- public:
-  ShardOp(int64_t dim, int64_t parts, std::shared_ptr<ProcessGroup> group)
-      : dim_(dim), parts_(parts), group_(std::move(group)) {}
-  std::string name() const override {
-    return fmt::format("Shard(dim={}, part {} of {})", dim_, index(), parts_);
-  }
-  checkpoint::PatternTensors convert(checkpoint::PatternTensors inputs, const std::vector<std::string>&,
-                                     const std::vector<std::string>& targets) const override {
-    auto& tensors = inputs.at(0).second;
-    for (auto& t : tensors) {
-      const int64_t size = t.size(dim_);
-      if (size % parts_ != 0) {
-        throw CheckpointError(fmt::format("{}: dimension {} has {} entries, which do not split into {} parts",
-                                          targets.at(0), dim_, size, parts_));
-      }
-      t = t.narrow(dim_, index() * (size / parts_), size / parts_).contiguous();
-    }
-    return {{targets.at(0), std::move(tensors)}};
-  }
-  std::shared_ptr<checkpoint::ConversionOp> reverse() const override;
-
- private:
-  int64_t index() const { return group_->rank() / (group_->size() / parts_); }
-  int64_t dim_, parts_;
-  std::shared_ptr<ProcessGroup> group_;
-};
-
-// Every part, gathered from the ranks and concatenated along `dim` (a collective: every rank saves).
-class GatherOp : public checkpoint::ConversionOp {
- public:
-  GatherOp(int64_t dim, int64_t parts, std::shared_ptr<ProcessGroup> group)
-      : dim_(dim), parts_(parts), group_(std::move(group)) {}
-  std::string name() const override { return fmt::format("Gather(dim={}, {} parts)", dim_, parts_); }
-  checkpoint::PatternTensors convert(checkpoint::PatternTensors inputs, const std::vector<std::string>&,
-                                     const std::vector<std::string>& targets) const override {
-    auto& tensors = inputs.at(0).second;
-    const int64_t replicas = group_->size() / parts_;
-    for (auto& t : tensors) {
-      const auto all = group_->all_gather(t.contiguous());
-      std::vector<at::Tensor> parts;
-      for (int64_t p = 0; p < parts_; ++p) parts.push_back(all[p * replicas]);
-      t = at::cat(parts, dim_);
-    }
-    return {{targets.at(0), std::move(tensors)}};
-  }
-  std::shared_ptr<checkpoint::ConversionOp> reverse() const override {
-    return std::make_shared<ShardOp>(dim_, parts_, group_);
-  }
-
- private:
-  int64_t dim_, parts_;
-  std::shared_ptr<ProcessGroup> group_;
-};
-
-std::shared_ptr<checkpoint::ConversionOp> ShardOp::reverse() const {
-  return std::make_shared<GatherOp>(dim_, parts_, group_);
-}
-
-// A bias added after an all-reduce: rank 0 keeps it, the others hold zeros; saving takes rank 0's.
-class RankZeroOp : public checkpoint::ConversionOp {
- public:
-  RankZeroOp(bool keep_on_zero, std::shared_ptr<ProcessGroup> group) : load_(keep_on_zero), group_(std::move(group)) {}
-  std::string name() const override { return load_ ? "OnRankZero" : "FromRankZero"; }
-  checkpoint::PatternTensors convert(checkpoint::PatternTensors inputs, const std::vector<std::string>&,
-                                     const std::vector<std::string>& targets) const override {
-    auto& tensors = inputs.at(0).second;
-    for (auto& t : tensors) {
-      if (load_) {
-        if (group_->rank() != 0) t = at::zeros_like(t);
-      } else {
-        t = t.contiguous().clone();
-        group_->broadcast(t, 0);
-      }
-    }
-    return {{targets.at(0), std::move(tensors)}};
-  }
-  std::shared_ptr<checkpoint::ConversionOp> reverse() const override {
-    return std::make_shared<RankZeroOp>(!load_, group_);
-  }
-
- private:
-  bool load_;
-  std::shared_ptr<ProcessGroup> group_;
-};
-
-checkpoint::WeightConverter same_key(const std::string& key, checkpoint::OpPtr op) { return {{key}, {key}, {std::move(op)}}; }
+// -- conversion rules -----------------------------------------------------------------------------------
 
 struct ColumnSplit {
   std::string name;
@@ -129,12 +44,12 @@ checkpoint::ConversionRules split_rules(const std::shared_ptr<ProcessGroup>& gro
                                         const std::string& row) {
   checkpoint::ConversionRules rules;
   for (const auto& [name, parts] : column) {
-    const auto rows = std::make_shared<ShardOp>(0, parts, group);
+    const auto rows = shard(0, parts, group);
     rules.emplace_back(same_key(name + ".weight", rows));
     rules.emplace_back(same_key(name + ".bias", rows));
   }
-  rules.emplace_back(same_key(row + ".weight", std::make_shared<ShardOp>(1, group->size(), group)));
-  rules.emplace_back(same_key(row + ".bias", std::make_shared<RankZeroOp>(true, group)));
+  rules.emplace_back(same_key(row + ".weight", shard(1, group->size(), group)));
+  rules.emplace_back(same_key(row + ".bias", on_rank_zero(group)));
   return rules;
 }
 
@@ -156,20 +71,50 @@ checkpoint::ConversionRules mlp_rules(const torchpatch::Config&) {
   return split_rules(group, {{"gate_proj", group->size()}, {"up_proj", group->size()}}, "down_proj");
 }
 
+// Fused projections (Phi-3): each rank keeps its part of every projection inside qkv_proj / gate_up_proj.
+checkpoint::ConversionRules fused_attention_rules(const torchpatch::Config& config) {
+  const auto group = torchpatch::dist::active_group();
+  if (!group) return {};
+  const auto& d = config.as<torchpatch::ModelConfig>().decoder;
+  const int64_t world = group->size(), kv = kv_parts(d.num_key_value_heads, world);
+  const auto sizes = torchpatch::FusedQkvAttention::split_sizes(d);
+  const auto rows = shard(0, {{sizes[0], world}, {sizes[1], kv}, {sizes[2], kv}}, group);
+  return {same_key("qkv_proj.weight", rows), same_key("qkv_proj.bias", rows),
+          same_key("o_proj.weight", shard(1, world, group)), same_key("o_proj.bias", on_rank_zero(group))};
+}
+
+checkpoint::ConversionRules fused_mlp_rules(const torchpatch::Config& config) {
+  const auto group = torchpatch::dist::active_group();
+  if (!group) return {};
+  const int64_t width = config.as<torchpatch::ModelConfig>().decoder.intermediate_size, world = group->size();
+  return {same_key("gate_up_proj.weight", shard(0, {{width, world}, {width, world}}, group)),
+          same_key("down_proj.weight", shard(1, world, group))};
+}
+
 // -- attention ------------------------------------------------------------------------------------------
 
-// The family's attention options with rank r's share of the query and key/value heads.
-torchpatch::nn::GqaOptions local_heads(const BuildContext& ctx, const std::shared_ptr<ProcessGroup>& group) {
-  auto options = torchpatch::attention_options(torchpatch::model_config(ctx).decoder);
-  const int64_t n = world_of(group), kv = options.num_key_value_heads;
-  if (options.num_heads % n != 0 || (kv % n != 0 && n % kv != 0)) {
+// Query heads and key/value heads per rank (ConfigError naming the module when they do not split).
+std::pair<int64_t, int64_t> local_head_counts(const BuildContext& ctx, int64_t heads, int64_t kv, int64_t n) {
+  if (heads % n != 0 || (kv % n != 0 && n % kv != 0)) {
     throw ConfigError(fmt::format("{}: {} attention heads and {} key/value heads do not split over {} ranks (the "
                                   "attention heads must be a multiple of the ranks, the key/value heads a multiple "
                                   "or a divisor)",
-                                  ctx.path, options.num_heads, kv, n));
+                                  ctx.path, heads, kv, n));
   }
-  options.num_heads /= n;
-  options.num_key_value_heads = kv / kv_parts(kv, n);
+  return {heads / n, kv / kv_parts(kv, n)};
+}
+
+// The family's attention options (Gemma2: its query scale and soft cap) with rank r's share of the heads.
+torchpatch::nn::GqaOptions local_heads(const BuildContext& ctx, const std::shared_ptr<ProcessGroup>& group) {
+  const auto& config = torchpatch::model_config(ctx);
+  auto options = torchpatch::attention_options(config.decoder);
+  if (config.model_type == "gemma2") {
+    const auto& own = config.family_fields<torchpatch::gemma2::Gemma2Config>();
+    options.scaling = 1.0 / std::sqrt(own.query_pre_attn_scalar);
+    options.softcap = own.attn_logit_softcapping;
+  }
+  std::tie(options.num_heads, options.num_key_value_heads) =
+      local_head_counts(ctx, options.num_heads, options.num_key_value_heads, world_of(group));
   return options;
 }
 
@@ -212,6 +157,31 @@ class TensorParallelQkNormAttention : public torchpatch::nn::QkNormAttention {
   std::shared_ptr<ProcessGroup> group_;
 };
 
+/// Phi-3's attention (one fused qkv_proj) over this rank's heads.
+class TensorParallelFusedQkvAttention : public torchpatch::FusedQkvAttention {
+ public:
+  explicit TensorParallelFusedQkvAttention(const BuildContext& ctx)
+      : TensorParallelFusedQkvAttention(ctx, torchpatch::dist::active_group()) {}
+
+ protected:
+  at::Tensor forward_impl(const at::Tensor& hidden, const torchpatch::AttentionInputs& inputs) override {
+    auto out = FusedQkvAttention::forward_impl(hidden, inputs).contiguous();
+    all_reduce(group_, out);
+    return out;
+  }
+
+ private:
+  TensorParallelFusedQkvAttention(const BuildContext& ctx, std::shared_ptr<ProcessGroup> group)
+      : FusedQkvAttention(local_decoder(ctx, group), /*qkv_bias=*/false, /*o_bias=*/false), group_(std::move(group)) {}
+  static torchpatch::DecoderConfig local_decoder(const BuildContext& ctx, const std::shared_ptr<ProcessGroup>& group) {
+    auto d = torchpatch::model_config(ctx).decoder;
+    std::tie(d.num_attention_heads, d.num_key_value_heads) =
+        local_head_counts(ctx, d.num_attention_heads, d.num_key_value_heads, world_of(group));
+    return d;
+  }
+  std::shared_ptr<ProcessGroup> group_;
+};
+
 }  // namespace
 
 // -- MLP ------------------------------------------------------------------------------------------------
@@ -240,6 +210,36 @@ at::Tensor TensorParallelMLP::forward(const at::Tensor& x) {
   return out;
 }
 
+namespace {
+
+/// Phi-3's MLP (gate and up fused in gate_up_proj) over this rank's slice of the intermediate dimension.
+class TensorParallelFusedMLP : public torchpatch::roles::Mlp {
+ public:
+  explicit TensorParallelFusedMLP(const BuildContext& ctx)
+      : act_(torchpatch::model_config(ctx).decoder.activation), group_(torchpatch::dist::active_group()) {
+    const auto& d = torchpatch::model_config(ctx).decoder;
+    const auto width = local_mlp(ctx, group_).intermediate_size;
+    gate_up_proj = register_module("gate_up_proj", torchpatch::nn::make_linear("gate_up_proj", d.hidden_size, 2 * width, false));
+    down_proj = register_module("down_proj", torchpatch::nn::make_linear("down_proj", width, d.hidden_size, false));
+  }
+
+  // down(up * act(gate)), as Phi3MLP; then the all-reduce
+  at::Tensor forward(const at::Tensor& x) override {
+    const auto gate_up = gate_up_proj->forward(x).chunk(2, -1);
+    auto out = down_proj->forward(gate_up[1] * torchpatch::nn::activate(act_, gate_up[0])).contiguous();
+    all_reduce(group_, out);
+    return out;
+  }
+
+  std::shared_ptr<torchpatch::roles::Linear> gate_up_proj, down_proj;
+
+ private:
+  torchpatch::nn::Activation act_;
+  std::shared_ptr<ProcessGroup> group_;
+};
+
+}  // namespace
+
 void register_plugin(torchpatch::Registrar& registrar) {
   registrar.add_replacement(torchpatch::module_class<TensorParallelAttention>("TensorParallelAttention"), {});
   registrar.add_conversion("TensorParallelAttention", attention_rules);
@@ -247,6 +247,10 @@ void register_plugin(torchpatch::Registrar& registrar) {
   registrar.add_conversion("TensorParallelQkNormAttention", attention_rules);
   registrar.add_replacement(torchpatch::module_class<TensorParallelMLP>("TensorParallelMLP"), {});
   registrar.add_conversion("TensorParallelMLP", mlp_rules);
+  registrar.add_replacement(torchpatch::module_class<TensorParallelFusedQkvAttention>("TensorParallelFusedQkvAttention"), {});
+  registrar.add_conversion("TensorParallelFusedQkvAttention", fused_attention_rules);
+  registrar.add_replacement(torchpatch::module_class<TensorParallelFusedMLP>("TensorParallelFusedMLP"), {});
+  registrar.add_conversion("TensorParallelFusedMLP", fused_mlp_rules);
   register_expert_parallel(registrar);
 }
 
