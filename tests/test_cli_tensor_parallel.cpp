@@ -264,3 +264,19 @@ TEST_CASE("Gemma2 (no reference case) split over two ranks matches one process",
   std::filesystem::remove(one);
   std::filesystem::remove(two);
 }
+
+TEST_CASE("verify --tp compares the split model with the whole one", "[cli][dist]") {
+  for (const char* name : {"llama_basic", "qwen2_moe_basic"}) {
+    const auto r = torchpatch_cli(std::string("verify --tp 2 --repeat 1 --model ") + (data_dir() / name).string());
+    INFO(r.out);
+    CHECK(r.code == 0);
+    CHECK_THAT(r.out, Contains("LlamaAttention -> TensorParallelAttention") ||
+                          Contains("Qwen2MoeAttention -> TensorParallelAttention"));
+    CHECK_THAT(r.out, Contains("PASS"));
+    CHECK(count(r.out, "PASS") == 1);  // rank 0 alone prints
+  }
+  const auto r = torchpatch_cli("verify --tp 2 --repeat 1 --model " + (data_dir() / "qwen2_moe_basic").string());
+  CHECK_THAT(r.out, Contains("Qwen2MoeExperts -> ExpertParallelExperts"));
+  CHECK_THAT(r.out, Contains("top-k sets agree"));
+  CHECK_THAT(r.out, !Contains("DIFFERENT"));
+}

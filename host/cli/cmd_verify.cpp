@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "commands.h"
+#include "launch.h"
 #include "session.h"
 #include "torchpatch/checkpoint/load.h"
 #include "torchpatch/error.h"
@@ -239,7 +240,6 @@ bool quantized_pass(const Verdict& v, double max_kl, double min_top1) {
 }  // namespace
 
 int cmd_verify(const std::vector<std::string>& argv) {
-  refuse_group("verify");
   auto specs = model_options();
   specs.insert(specs.begin() + 3,
                {{"prompt-ids", "IDS", "token ids, e.g. 1,2,3 (default: 2 rows of 16 random ids, seed 0)"},
@@ -252,11 +252,14 @@ int cmd_verify(const std::vector<std::string>& argv) {
                                 "that passes (default 0.01 for q8_0, 0.2 for q4_0)"},
                 {"min-top1", "X", "with --quantize: the smallest top-1 agreement that passes (default 0: random-weight "
                                   "models have near-tied top tokens, so top-1 is judged only when asked)"}});
+  specs.push_back(tp_option());
   const Args args(specs, argv);
   if (args.flag("help")) {
     std::cout << usage("verify",
                        "Build the model twice from the same weights, original and patched, run both on the same "
-                       "inputs, and compare every output (exit 1 past --atol/--rtol or when expert choices differ).",
+                       "inputs, and compare every output (exit 1 past --atol/--rtol or when expert choices differ). "
+                       "Under --tp N the patched model is the one split between the N processes (each also "
+                       "builds the whole original).",
                        specs);
     return 0;
   }
@@ -277,9 +280,13 @@ int cmd_verify(const std::vector<std::string>& argv) {
 
   TempDir temp;
   fs::path weights;
+  if (process_group() && quantize) {
+    throw UsageError("--quantize: quantized projections do not split between processes yet; run without --tp");
+  }
   const auto original = build_original(args, options, temp, weights);
   ModelSource patched_source;
   patched_source.checkpoint = weights;
+  const auto parallel = parallel_patches(*host);  // in a group: the split model against the whole one
   const auto loaded = load_model(patched_source, LoadModelOptions{options, args.flag("strict")});
   const auto patched = loaded.model;
   const auto replaced = replaced_points(loaded);

@@ -57,7 +57,8 @@ int main(int argc, char** argv) {
     else rest.push_back(*it);
   }
   try {
-    if (command == "run" || command == "generate" || command == "bench" || command == "save") {
+    if (command == "run" || command == "generate" || command == "bench" || command == "save" ||
+        command == "verify") {
       if (const auto code = launch_ranks(command, rest, debug)) return *code;
     }
     if (command == "plugins") return cmd_plugins(rest);

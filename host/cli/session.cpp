@@ -143,10 +143,7 @@ std::shared_ptr<dist::ProcessGroup> process_group() {
   return group;
 }
 
-namespace {
-// In a group: the decoder families' attention and MLP classes become the tensor-parallel ones, the
-// MoE families' experts and sparse blocks the expert-parallel ones.
-std::optional<ScopedPatchMapping> tensor_parallel_patches(PluginHost& host) {
+std::optional<ScopedPatchMapping> parallel_patches(PluginHost& host) {
   if (!process_group()) return std::nullopt;
   const auto find = [&](const std::string& name) {
     auto found = host.find_class(name);
@@ -165,7 +162,6 @@ std::optional<ScopedPatchMapping> tensor_parallel_patches(PluginHost& host) {
                           {"^Qwen(2|3)MoeExperts$", find("ExpertParallelExperts")}},
       false, host.registries().patches());
 }
-}  // namespace
 
 BuiltModel build_model(PluginHost& host, const Args& args) {
   apply_patch_args(host, args);
@@ -177,7 +173,7 @@ BuiltModel build_model(PluginHost& host, const Args& args) {
   if (group && args.has("quantize")) {
     throw UsageError("--quantize: quantized projections do not split between processes yet; run without --tp");
   }
-  const auto patches = tensor_parallel_patches(host);
+  const auto patches = parallel_patches(host);
   auto built = load_model(source, LoadModelOptions{pretrained_options(args, host), args.flag("strict")});
   if (group && std::none_of(built.plan.begin(), built.plan.end(), [](const PlanEntry& entry) {
         return entry.record.class_name.find("Parallel") != std::string::npos;

@@ -53,6 +53,11 @@ BuiltModel build_model(PluginHost& host, const Args& args);
 /// use; null otherwise. Models are then built tensor-parallel and only rank 0 prints.
 std::shared_ptr<dist::ProcessGroup> process_group();
 
+/// In a group: the decoder families' attention and MLP classes mapped to the tensor-parallel ones,
+/// the MoE families' experts and sparse blocks to the expert-parallel ones, while the scope is open
+/// (build_model opens it itself); nullopt outside a group.
+std::optional<ScopedPatchMapping> parallel_patches(PluginHost& host);
+
 /// In a group, makes generation take rank 0's tokens on every rank (a broadcast per step), so ranks
 /// agree on sampled tokens whatever their random states; nothing outside a group.
 void agree_with_rank_zero(GenerationConfig& config);
