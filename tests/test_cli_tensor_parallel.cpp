@@ -216,9 +216,9 @@ TEST_CASE("a master port in use under --tp, and bad --tp values, are clear error
   r = torchpatch_cli("run --tp 2 --model " + llama_dir() + " --prompt-ids 1", "RANK=0 WORLD_SIZE=2");
   CHECK(r.code == 2);
   CHECK_THAT(r.out, Contains("--tp starts its own processes"));
-  r = torchpatch_cli("routing record --model " + llama_dir() + " --out /nonexistent", "RANK=0 WORLD_SIZE=2");
+  r = torchpatch_cli("routing replay --model " + llama_dir() + " --routes /nonexistent --ids 1", "RANK=0 WORLD_SIZE=2");
   CHECK(r.code == 2);
-  CHECK_THAT(r.out, Contains("routing does not run as a group of processes yet"));
+  CHECK_THAT(r.out, Contains("routing replay does not run as a group of processes yet"));
   r = torchpatch_cli("run --tp 2 --model " + (data_dir() / "bert_model").string() + " --prompt-ids 1,2");
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Contains("nothing of it splits between processes"));
@@ -279,4 +279,25 @@ TEST_CASE("verify --tp compares the split model with the whole one", "[cli][dist
   CHECK_THAT(r.out, Contains("Qwen2MoeExperts -> ExpertParallelExperts"));
   CHECK_THAT(r.out, Contains("top-k sets agree"));
   CHECK_THAT(r.out, !Contains("DIFFERENT"));
+}
+
+TEST_CASE("routing record --tp writes the routes one process records", "[cli][dist]") {
+  for (const char* name : {"qwen2_moe_basic", "qwen3_moe_basic"}) {
+    INFO(name);
+    const auto one = temp_file(std::string(name) + "-routes.npy"), two = temp_file(std::string(name) + "-routes-tp2.npy");
+    const auto record = std::string("routing record --prompt-ids 3,1,4,1,5,9,2,6 --max-new-tokens 6 --model ") +
+                        (data_dir() / name).string() + " --out ";
+    auto r = torchpatch_cli(record + one.string());
+    REQUIRE(r.code == 0);
+    const auto tokens = r.out.substr(r.out.find("tokens: "));
+    r = torchpatch_cli(record + two.string() + " --tp 2");
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    CHECK(r.out.substr(r.out.find("tokens: ")) == tokens);
+    std::ifstream a(one, std::ios::binary), b(two, std::ios::binary);
+    const std::string bytes_one{std::istreambuf_iterator<char>(a), {}}, bytes_two{std::istreambuf_iterator<char>(b), {}};
+    CHECK(bytes_one == bytes_two);
+    std::filesystem::remove(one);
+    std::filesystem::remove(two);
+  }
 }

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "launch.h"
 #include "session.h"
 #include "torchpatch/error.h"
 #include "torchpatch/generation/generate.h"
@@ -38,6 +39,7 @@ int record(const std::vector<std::string>& argv) {
   specs.insert(specs.begin() + 3, {{"prompt-ids", "IDS", "prompt token ids, e.g. 1,2,3"},
                                    {"max-new-tokens", "N", "tokens to generate (default 0: the prompt only)"},
                                    {"out", "FILE", "where to write routes (.npy)"}});
+  specs.push_back(tp_option());
   const Args args(specs, argv);
   if (args.flag("help")) {
     std::cout << usage("routing record", "Record the experts a MoE model chooses (vLLM's routed_experts).", specs);
@@ -53,6 +55,7 @@ int record(const std::vector<std::string>& argv) {
   GenerationConfig config;
   config.max_new_tokens = std::max<int64_t>(1, int_option(args, "max-new-tokens", 0, 0));
   config.outputs = {"selected_experts"};
+  agree_with_rank_zero(config);
   const auto out = generate(*built.model, ids, {}, config);
   // Every token that went through the model: the prompt, then each generated token but the last.
   const auto layers = out.captured.front().at("selected_experts").size();
@@ -63,6 +66,8 @@ int record(const std::vector<std::string>& argv) {
     per_layer[l] = at::cat(steps, 0);
   }
   const auto routed = routes_to_array(per_layer);
+  // In a group every rank's routers chose the same (same inputs, same router weights); rank 0 writes.
+  if (const auto group = process_group(); group && group->rank() != 0) return 0;
   save_npy(args.value("out"), routed);
   const auto sequence = out.sequences[0].narrow(0, 0, routed.size(0)).contiguous();
   std::cout << fmt::format("{} ({}): routes of {} tokens x {} layers x top-{} written to {}\n",
@@ -135,14 +140,17 @@ int replay(const std::vector<std::string>& argv) {
 }  // namespace
 
 int cmd_routing(const std::vector<std::string>& argv) {
-  refuse_group("routing");
   if (argv.empty() || argv[0] == "--help" || argv[0] == "-h") {
     std::cout << kUsage;
     return argv.empty() ? 2 : 0;
   }
   const std::vector<std::string> rest(argv.begin() + 1, argv.end());
   if (argv[0] == "record") return record(rest);
-  if (argv[0] == "replay") return replay(rest);
+  if (argv[0] == "replay") {
+    // Its backward pass would need collectives that sum gradients over the ranks.
+    refuse_group("routing replay");
+    return replay(rest);
+  }
   throw UsageError(fmt::format("unknown routing command '{}' (record or replay)", argv[0]));
 }
 

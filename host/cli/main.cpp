@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (command == "run" || command == "generate" || command == "bench" || command == "save" ||
-        command == "verify") {
+        command == "verify" || command == "routing") {
       if (const auto code = launch_ranks(command, rest, debug)) return *code;
     }
     if (command == "plugins") return cmd_plugins(rest);

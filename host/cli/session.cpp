@@ -193,7 +193,7 @@ void refuse_group(const std::string& command) {
   const auto options = dist::options_from_environment();
   if (options && options->world_size > 1) {
     throw UsageError(fmt::format("{} does not run as a group of processes yet; run it without RANK and WORLD_SIZE "
-                                 "(tensor parallelism: run, generate and bench)",
+                                 "(as a group: run, generate, bench, verify, save and routing record)",
                                  command));
   }
 }
