@@ -163,14 +163,16 @@ void measure_variants(PluginHost& host, BuiltModel& built, const Args& args, con
   const auto fused = host.find_class("FusedQKVAttention");
   const auto key = key_of(*built.model, "self_attn");
   const auto experts_key = key_of(*built.model, "mlp.experts");
-  const bool in_group = process_group() != nullptr;  // the tensor-parallel classes hold the attention and MLP keys
+  // In a group the parallel classes hold the attention, MLP and experts keys: the variants that replace
+  // them would measure a model that is not split.
+  const bool in_group = process_group() != nullptr;
   if (fused && !args.flag("no-fused") && !args.has("patch") && !key.empty() && !in_group) {
     built.model.reset();  // one model in memory at a time
     ScopedPatchMapping patch({{key, *fused}}, false, host.registries().patches());
     BuiltModel patched = build_model(host, Args(specs, forwarded));
     results.push_back(measure("FusedQKVAttention", *patched.model, run.prompt_len, run.decode_tokens, run.repeats));
   }
-  if (!experts_key.empty() && !args.has("patch") && !args.has("experts")) {
+  if (!experts_key.empty() && !args.has("patch") && !args.has("experts") && !in_group) {
     built.model.reset();
     auto eager_argv = forwarded;
     eager_argv.insert(eager_argv.end(), {"--experts", "eager"});
