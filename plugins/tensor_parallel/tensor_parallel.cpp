@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <tuple>
+#include <utility>
 
 #include "parallel.h"
 #include "sharding.h"
@@ -118,68 +119,52 @@ torchpatch::nn::GqaOptions local_heads(const BuildContext& ctx, const std::share
   return options;
 }
 
-/// Grouped-query attention over this rank's heads; the output projection's partial sums are all-reduced.
-class TensorParallelAttention : public torchpatch::nn::GqaAttention {
- public:
-  explicit TensorParallelAttention(const BuildContext& ctx)
-      : TensorParallelAttention(ctx, torchpatch::dist::active_group()) {}
-
+// An attention block built over this rank's heads: its output (o_proj's partial sums) is all-reduced.
+template <class Attention>
+class ReducedAttention : public Attention {
  protected:
+  template <class... Args>
+  explicit ReducedAttention(Args&&... args)
+      : Attention(std::forward<Args>(args)...), group_(torchpatch::dist::active_group()) {}
+
   at::Tensor forward_impl(const at::Tensor& hidden, const torchpatch::AttentionInputs& inputs) override {
-    auto out = GqaAttention::forward_impl(hidden, inputs).contiguous();
+    auto out = Attention::forward_impl(hidden, inputs).contiguous();
     all_reduce(group_, out);
     return out;
   }
 
  private:
-  TensorParallelAttention(const BuildContext& ctx, std::shared_ptr<ProcessGroup> group)
-      : GqaAttention(local_heads(ctx, group)), group_(std::move(group)) {}
   std::shared_ptr<ProcessGroup> group_;
+};
+
+/// Grouped-query attention over this rank's heads.
+class TensorParallelAttention : public ReducedAttention<torchpatch::nn::GqaAttention> {
+ public:
+  explicit TensorParallelAttention(const BuildContext& ctx)
+      : ReducedAttention(local_heads(ctx, torchpatch::dist::active_group())) {}
 };
 
 /// Qwen3-MoE's attention (per-head RMSNorm on queries and keys) over this rank's heads.
-class TensorParallelQkNormAttention : public torchpatch::nn::QkNormAttention {
+class TensorParallelQkNormAttention : public ReducedAttention<torchpatch::nn::QkNormAttention> {
  public:
   explicit TensorParallelQkNormAttention(const BuildContext& ctx)
-      : TensorParallelQkNormAttention(ctx, torchpatch::dist::active_group()) {}
-
- protected:
-  at::Tensor forward_impl(const at::Tensor& hidden, const torchpatch::AttentionInputs& inputs) override {
-    auto out = QkNormAttention::forward_impl(hidden, inputs).contiguous();
-    all_reduce(group_, out);
-    return out;
-  }
-
- private:
-  TensorParallelQkNormAttention(const BuildContext& ctx, std::shared_ptr<ProcessGroup> group)
-      : QkNormAttention(local_heads(ctx, group), torchpatch::model_config(ctx).decoder.rms_norm_eps),
-        group_(std::move(group)) {}
-  std::shared_ptr<ProcessGroup> group_;
+      : ReducedAttention(local_heads(ctx, torchpatch::dist::active_group()),
+                         torchpatch::model_config(ctx).decoder.rms_norm_eps) {}
 };
 
 /// Phi-3's attention (one fused qkv_proj) over this rank's heads.
-class TensorParallelFusedQkvAttention : public torchpatch::FusedQkvAttention {
+class TensorParallelFusedQkvAttention : public ReducedAttention<torchpatch::FusedQkvAttention> {
  public:
   explicit TensorParallelFusedQkvAttention(const BuildContext& ctx)
-      : TensorParallelFusedQkvAttention(ctx, torchpatch::dist::active_group()) {}
-
- protected:
-  at::Tensor forward_impl(const at::Tensor& hidden, const torchpatch::AttentionInputs& inputs) override {
-    auto out = FusedQkvAttention::forward_impl(hidden, inputs).contiguous();
-    all_reduce(group_, out);
-    return out;
-  }
+      : ReducedAttention(local_decoder(ctx), /*qkv_bias=*/false, /*o_bias=*/false) {}
 
  private:
-  TensorParallelFusedQkvAttention(const BuildContext& ctx, std::shared_ptr<ProcessGroup> group)
-      : FusedQkvAttention(local_decoder(ctx, group), /*qkv_bias=*/false, /*o_bias=*/false), group_(std::move(group)) {}
-  static torchpatch::DecoderConfig local_decoder(const BuildContext& ctx, const std::shared_ptr<ProcessGroup>& group) {
+  static torchpatch::DecoderConfig local_decoder(const BuildContext& ctx) {
     auto d = torchpatch::model_config(ctx).decoder;
-    std::tie(d.num_attention_heads, d.num_key_value_heads) =
-        local_head_counts(ctx, d.num_attention_heads, d.num_key_value_heads, world_of(group));
+    std::tie(d.num_attention_heads, d.num_key_value_heads) = local_head_counts(
+        ctx, d.num_attention_heads, d.num_key_value_heads, world_of(torchpatch::dist::active_group()));
     return d;
   }
-  std::shared_ptr<ProcessGroup> group_;
 };
 
 }  // namespace
