@@ -16,6 +16,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "torchpatch/checkpoint/checkpoint.h"
 
@@ -216,9 +217,9 @@ TEST_CASE("a master port in use under --tp, and bad --tp values, are clear error
   r = torchpatch_cli("run --tp 2 --model " + llama_dir() + " --prompt-ids 1", "RANK=0 WORLD_SIZE=2");
   CHECK(r.code == 2);
   CHECK_THAT(r.out, Contains("--tp starts its own processes"));
-  r = torchpatch_cli("routing replay --model " + llama_dir() + " --routes /nonexistent --ids 1", "RANK=0 WORLD_SIZE=2");
+  r = torchpatch_cli("plan --model " + llama_dir(), "RANK=0 WORLD_SIZE=2");
   CHECK(r.code == 2);
-  CHECK_THAT(r.out, Contains("routing replay does not run as a group of processes yet"));
+  CHECK_THAT(r.out, Contains("plan does not run as a group of processes yet"));
   r = torchpatch_cli("run --tp 2 --model " + (data_dir() / "bert_model").string() + " --prompt-ids 1,2");
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Contains("nothing of it splits between processes"));
@@ -299,5 +300,27 @@ TEST_CASE("routing record --tp writes the routes one process records", "[cli][di
     CHECK(bytes_one == bytes_two);
     std::filesystem::remove(one);
     std::filesystem::remove(two);
+  }
+}
+
+TEST_CASE("routing replay --tp: the loss and the router gradient of one process", "[cli][dist]") {
+  for (const char* name : {"qwen2_moe_basic", "qwen3_moe_basic"}) {
+    INFO(name);
+    const auto routes = temp_file(std::string(name) + "-replay-routes.npy");
+    const auto model = (data_dir() / name).string();
+    const std::string ids = "3,1,4,1,5,9,2,6";
+    REQUIRE(torchpatch_cli("routing record --prompt-ids " + ids + " --model " + model + " --out " + routes.string()).code == 0);
+    const auto replay = "routing replay --json --ids " + ids + " --model " + model + " --routes " + routes.string();
+    const auto one = torchpatch_cli(replay), two = torchpatch_cli(replay + " --tp 2");
+    INFO(one.out << "\n" << two.out);
+    REQUIRE(one.code == 0);
+    REQUIRE(two.code == 0);
+    const auto a = nlohmann::json::parse(one.out.substr(one.out.find('{'))),
+               b = nlohmann::json::parse(two.out.substr(two.out.find('{')));
+    std::cout << name << " replay tp2 against one process: loss " << b["loss"] << " vs " << a["loss"]
+              << ", router gradient norm " << b["router_grad_norm"] << " vs " << a["router_grad_norm"] << "\n";
+    CHECK(std::abs(b["loss"].get<double>() - a["loss"].get<double>()) < 1e-5);
+    CHECK(std::abs(b["router_grad_norm"].get<double>() / a["router_grad_norm"].get<double>() - 1) < 1e-4);
+    std::filesystem::remove(routes);
   }
 }

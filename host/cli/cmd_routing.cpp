@@ -83,6 +83,7 @@ int replay(const std::vector<std::string>& argv) {
   specs.insert(specs.begin() + 3, {{"routes", "FILE", "routes from 'routing record' (.npy [tokens, layers, top_k])"},
                                    {"ids", "IDS", "token ids of the training sequence (as many as the routes)"},
                                    {"labels", "IDS", "next-token labels (default: the ids; -100 ignores a position)"}});
+  specs.push_back(tp_option());
   const Args args(specs, argv);
   if (args.flag("help")) {
     std::cout << usage("routing replay", "Train-pass with recorded routes forced: loss and router gradient.", specs);
@@ -146,11 +147,7 @@ int cmd_routing(const std::vector<std::string>& argv) {
   }
   const std::vector<std::string> rest(argv.begin() + 1, argv.end());
   if (argv[0] == "record") return record(rest);
-  if (argv[0] == "replay") {
-    // Its backward pass would need collectives that sum gradients over the ranks.
-    refuse_group("routing replay");
-    return replay(rest);
-  }
+  if (argv[0] == "replay") return replay(rest);
   throw UsageError(fmt::format("unknown routing command '{}' (record or replay)", argv[0]));
 }
 

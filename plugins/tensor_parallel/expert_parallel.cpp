@@ -155,15 +155,18 @@ class ExpertParallelBlock : public Block {
     const auto shape = hidden.sizes().vec();
     const auto x = hidden.reshape({-1, shape.back()});  // [T, H]
     const auto routed = this->gate->forward(x);         // the same on every rank
+    // Replicated tensors entering partial sums: their gradients are summed over the ranks.
+    const auto partial_x = copy_to_ranks(x, group_);
     const bool split_experts = dynamic_cast<ExpertParallelExperts*>(this->experts.get()) != nullptr;
-    auto out = split_experts || group_->rank() == 0 ? this->experts->forward(x, routed.indices, routed.scores)
-                                                    : at::zeros_like(x);
+    auto out = split_experts || group_->rank() == 0
+                   ? this->experts->forward(partial_x, routed.indices, copy_to_ranks(routed.scores, group_))
+                   : at::zeros_like(x);
     if (this->shared_expert) {
-      const auto scale = at::sigmoid(this->shared_expert_gate->forward(x));  // [T, 1]
+      const auto scale = copy_to_ranks(at::sigmoid(this->shared_expert_gate->forward(x)), group_);  // [T, 1]
       if (auto* split = dynamic_cast<TensorParallelMLP*>(this->shared_expert.get())) {
-        out = out + scale * split->forward_partial(x);
+        out = out + scale * split->forward_partial(partial_x);
       } else if (group_->rank() == 0) {
-        out = out + scale * this->shared_expert->forward(x);
+        out = out + scale * this->shared_expert->forward(partial_x);
       }
     }
     out = out.contiguous();

@@ -25,6 +25,11 @@ int64_t world_of(const std::shared_ptr<ProcessGroup>& group);
 /// Sums `partial` over the group in place (nothing without a group).
 void all_reduce(const std::shared_ptr<ProcessGroup>& group, at::Tensor& partial);
 
+/// `x` unchanged, but in a backward pass its gradient is summed over the group: what a replicated
+/// tensor needs where it enters a rank's partial computation (Megatron's "f"; the all-reduce after
+/// the partial sums, whose backward is the identity, is its "g"). Without gradients it is `x` itself.
+at::Tensor copy_to_ranks(const at::Tensor& x, const std::shared_ptr<ProcessGroup>& group);
+
 /// The gated MLP over this rank's slice of the intermediate dimension; down_proj's partial sums are
 /// all-reduced.
 class TensorParallelMLP : public torchpatch::nn::GatedMlp {
@@ -32,7 +37,8 @@ class TensorParallelMLP : public torchpatch::nn::GatedMlp {
   explicit TensorParallelMLP(const BuildContext& ctx);
 
   at::Tensor forward(const at::Tensor& x) override;
-  /// This rank's share of the output, before the all-reduce (a MoE block reduces it with its experts').
+  /// This rank's share of the output, before the all-reduce (a MoE block reduces it with its experts';
+  /// `x` must have passed copy_to_ranks when gradients are wanted).
   at::Tensor forward_partial(const at::Tensor& x) { return GatedMlp::forward(x); }
 
  private:

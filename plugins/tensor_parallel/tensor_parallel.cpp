@@ -14,6 +14,7 @@
 // no active group they are the plain classes.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 #include <tuple>
@@ -29,6 +30,29 @@ int64_t world_of(const std::shared_ptr<ProcessGroup>& group) { return group ? gr
 
 void all_reduce(const std::shared_ptr<ProcessGroup>& group, at::Tensor& partial) {
   if (group) group->all_reduce_sum(partial);
+}
+
+namespace {
+
+struct CopyToRanks : torch::autograd::Function<CopyToRanks> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t group) {
+    ctx->saved_data["group"] = group;  // the group outlives the model and its graphs
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* group = reinterpret_cast<ProcessGroup*>(ctx->saved_data["group"].toInt());
+    auto sum = grads.at(0).contiguous().clone();
+    group->all_reduce_sum(sum);
+    return {sum, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor copy_to_ranks(const at::Tensor& x, const std::shared_ptr<ProcessGroup>& group) {
+  if (!group || !at::GradMode::is_enabled() || !x.requires_grad()) return x;
+  return CopyToRanks::apply(x, static_cast<int64_t>(reinterpret_cast<intptr_t>(group.get())));
 }
 
 namespace {
@@ -128,7 +152,7 @@ class ReducedAttention : public Attention {
       : Attention(std::forward<Args>(args)...), group_(torchpatch::dist::active_group()) {}
 
   at::Tensor forward_impl(const at::Tensor& hidden, const torchpatch::AttentionInputs& inputs) override {
-    auto out = Attention::forward_impl(hidden, inputs).contiguous();
+    auto out = Attention::forward_impl(copy_to_ranks(hidden, group_), inputs).contiguous();
     all_reduce(group_, out);
     return out;
   }
@@ -190,7 +214,7 @@ TensorParallelMLP::TensorParallelMLP(const BuildContext& ctx, std::shared_ptr<Pr
     : GatedMlp(local_mlp(ctx, group)), group_(std::move(group)) {}
 
 at::Tensor TensorParallelMLP::forward(const at::Tensor& x) {
-  auto out = forward_partial(x).contiguous();
+  auto out = forward_partial(copy_to_ranks(x, group_)).contiguous();
   all_reduce(group_, out);
   return out;
 }
@@ -210,7 +234,7 @@ class TensorParallelFusedMLP : public torchpatch::roles::Mlp {
 
   // down(up * act(gate)), as Phi3MLP; then the all-reduce
   at::Tensor forward(const at::Tensor& x) override {
-    const auto gate_up = gate_up_proj->forward(x).chunk(2, -1);
+    const auto gate_up = gate_up_proj->forward(copy_to_ranks(x, group_)).chunk(2, -1);
     auto out = down_proj->forward(gate_up[1] * torchpatch::nn::activate(act_, gate_up[0])).contiguous();
     all_reduce(group_, out);
     return out;
