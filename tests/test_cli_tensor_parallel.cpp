@@ -64,12 +64,32 @@ void check_case(const std::string& name, int world) {
   std::filesystem::remove(out);
 }
 
+// generate over `world` ranks on the case's padded batch: the reference's greedy ids exactly.
+void check_generation(const std::string& name, int world) {
+  const auto ref = torchpatch::checkpoint::SafetensorsFile::open(data_dir() / name / "reference.safetensors");
+  const auto inputs = temp_file(name + "-tp-batch.safetensors"), out = temp_file(name + "-tp-generated.safetensors");
+  torchpatch::checkpoint::save_safetensors(
+      inputs, {{"input_ids", ref->tensor("input_ids")}, {"attention_mask", ref->tensor("attention_mask")}});
+  const auto ranks = run_cli_group(world, "generate --model " + (data_dir() / name).string() + " --inputs " +
+                                              inputs.string() + " --max-new-tokens 8 --ignore-eos --output " +
+                                              out.string());
+  for (const auto& rank : ranks) {
+    INFO(name << ": " << rank.out);
+    REQUIRE(rank.code == 0);
+  }
+  INFO(name << " generated_ids over " << world << " ranks");
+  CHECK(at::equal(torchpatch::checkpoint::SafetensorsFile::open(out)->tensor("generated_ids"), ref->tensor("generated_ids")));
+  std::filesystem::remove(inputs);
+  std::filesystem::remove(out);
+}
+
 }  // namespace
 
-TEST_CASE("two ranks match the reference on every decoder case, MoE expert choices exactly", "[cli][dist]") {
+TEST_CASE("two ranks match the reference on every decoder case, MoE expert choices and generated ids exactly", "[cli][dist]") {
   for (const char* name : {"llama_basic", "mistral_sliding_window", "gemma_basic", "phi3_fused", "qwen2_moe_basic",
                            "qwen3_moe_basic"}) {
     check_case(name, 2);
+    check_generation(name, 2);
   }
 }
 
