@@ -14,6 +14,7 @@
 #include <optional>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -246,12 +247,14 @@ TEST_CASE("a master port in use under --tp, and bad --tp values, are clear error
 }
 
 TEST_CASE("save --tp gathers every rank's slices and experts into the hub layout, bit for bit", "[cli][dist]") {
-  for (const char* name : {"llama_basic", "phi3_fused", "qwen2_moe_basic", "qwen3_moe_basic"}) {
-    INFO(name);
-    const auto out = temp_file(std::string(name) + "-tp-saved");
+  const std::vector<std::pair<std::string, int>> runs{{"llama_basic", 2}, {"phi3_fused", 2}, {"qwen2_moe_basic", 2},
+                                                      {"qwen3_moe_basic", 2}, {"llama_basic", 4}, {"phi3_fused", 4}};
+  for (const auto& [name, world] : runs) {  // four ranks: each key/value head held by two ranks
+    INFO(name << " over " << world << " ranks");
+    const auto out = temp_file(name + "-tp-saved");
     std::filesystem::remove_all(out);
     const auto dir = (data_dir() / name).string();
-    const auto r = torchpatch_cli("save --tp 2 --model " + dir + " --out " + out.string());
+    const auto r = torchpatch_cli(fmt::format("save --tp {} --model {} --out {}", world, dir, out.string()));
     INFO(r.out);
     REQUIRE(r.code == 0);
     CHECK_THAT(r.out, Contains("saved "));
@@ -268,7 +271,8 @@ TEST_CASE("save --tp gathers every rank's slices and experts into the hub layout
 
 TEST_CASE("Gemma2 (no reference case) split over two ranks matches one process", "[cli][dist]") {
   const auto one = temp_file("gemma2-one.safetensors"), two = temp_file("gemma2-tp2.safetensors");
-  const std::string run = "run --preset tiny-gemma2 --prompt-ids 5,6,7,8,9,10 --hidden-states --output ";
+  // 14 tokens: past tiny-gemma2's sliding window of 8 on its even layers
+  const std::string run = "run --preset tiny-gemma2 --prompt-ids 5,6,7,8,9,10,11,12,13,14,15,16,17,18 --hidden-states --output ";
   auto r = torchpatch_cli(run + one.string());
   INFO(r.out);
   REQUIRE(r.code == 0);
@@ -291,15 +295,14 @@ TEST_CASE("verify --tp compares the split model with the whole one", "[cli][dist
     const auto r = torchpatch_cli(std::string("verify --tp 2 --repeat 1 --model ") + (data_dir() / name).string());
     INFO(r.out);
     CHECK(r.code == 0);
-    CHECK_THAT(r.out, Contains("LlamaAttention -> TensorParallelAttention") ||
-                          Contains("Qwen2MoeAttention -> TensorParallelAttention"));
-    CHECK_THAT(r.out, Contains("PASS"));
+    CHECK_THAT(r.out, Contains("Attention -> TensorParallelAttention"));
     CHECK(count(r.out, "PASS") == 1);  // rank 0 alone prints
+    if (std::string(name) == "qwen2_moe_basic") {
+      CHECK_THAT(r.out, Contains("Qwen2MoeExperts -> ExpertParallelExperts"));
+      CHECK_THAT(r.out, Contains("top-k sets agree"));
+      CHECK_THAT(r.out, !Contains("DIFFERENT"));
+    }
   }
-  const auto r = torchpatch_cli("verify --tp 2 --repeat 1 --model " + (data_dir() / "qwen2_moe_basic").string());
-  CHECK_THAT(r.out, Contains("Qwen2MoeExperts -> ExpertParallelExperts"));
-  CHECK_THAT(r.out, Contains("top-k sets agree"));
-  CHECK_THAT(r.out, !Contains("DIFFERENT"));
 }
 
 TEST_CASE("routing record --tp writes the routes one process records", "[cli][dist]") {
@@ -324,20 +327,24 @@ TEST_CASE("routing record --tp writes the routes one process records", "[cli][di
 }
 
 TEST_CASE("routing replay --tp: the loss and the router gradient of one process", "[cli][dist]") {
-  for (const char* name : {"qwen2_moe_basic", "qwen3_moe_basic"}) {
-    INFO(name);
-    const auto routes = temp_file(std::string(name) + "-replay-routes.npy");
+  // Two tokens over four ranks: in some layer a rank's experts get no pair, and its backward pass must
+  // still take part in every all-reduce.
+  const std::vector<std::tuple<std::string, std::string, int>> runs{
+      {"qwen2_moe_basic", "3,1,4,1,5,9,2,6", 2}, {"qwen3_moe_basic", "3,1,4,1,5,9,2,6", 2},
+      {"qwen2_moe_basic", "3,1", 4}, {"qwen3_moe_basic", "7,2", 4}};
+  for (const auto& [name, ids, world] : runs) {
+    INFO(name << " over " << world << " ranks");
+    const auto routes = temp_file(name + "-replay-routes.npy");
     const auto model = (data_dir() / name).string();
-    const std::string ids = "3,1,4,1,5,9,2,6";
     REQUIRE(torchpatch_cli("routing record --prompt-ids " + ids + " --model " + model + " --out " + routes.string()).code == 0);
     const auto replay = "routing replay --json --ids " + ids + " --model " + model + " --routes " + routes.string();
-    const auto one = torchpatch_cli(replay), two = torchpatch_cli(replay + " --tp 2");
+    const auto one = torchpatch_cli(replay), two = torchpatch_cli(replay + " --tp " + std::to_string(world));
     INFO(one.out << "\n" << two.out);
     REQUIRE(one.code == 0);
     REQUIRE(two.code == 0);
     const auto a = nlohmann::json::parse(one.out.substr(one.out.find('{'))),
                b = nlohmann::json::parse(two.out.substr(two.out.find('{')));
-    std::cout << name << " replay tp2 against one process: loss " << b["loss"] << " vs " << a["loss"]
+    std::cout << name << " replay tp" << world << " against one process: loss " << b["loss"] << " vs " << a["loss"]
               << ", router gradient norm " << b["router_grad_norm"] << " vs " << a["router_grad_norm"] << "\n";
     CHECK(std::abs(b["loss"].get<double>() - a["loss"].get<double>()) < 1e-5);
     CHECK(std::abs(b["router_grad_norm"].get<double>() / a["router_grad_norm"].get<double>() - 1) < 1e-4);

@@ -158,7 +158,7 @@ TEST_CASE("ranks sampling with different seeds agree on rank 0's tokens, and dif
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("experts that do not split over the ranks are an error before any weight is read", "[cli][dist]") {
+TEST_CASE("experts that do not split over the ranks are a clear error on every rank", "[cli][dist]") {
   const auto dir = write_moe_checkpoint(6, 64, 32);
   const auto ranks = testutil::run_group(4, TORCHPATCH_CLI, "run --model " + dir.string() + " --prompt-ids 1,2,3");
   for (const auto& rank : ranks) {

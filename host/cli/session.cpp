@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -143,6 +144,17 @@ std::shared_ptr<dist::ProcessGroup> process_group() {
   return group;
 }
 
+namespace {
+// The bundled plugin's classes parallel_patches maps to.
+const std::set<std::string>& parallel_classes() {
+  static const std::set<std::string> names{
+      "TensorParallelAttention",     "TensorParallelQkNormAttention", "TensorParallelFusedQkvAttention",
+      "TensorParallelMLP",           "TensorParallelFusedMLP",        "Qwen2MoeExpertParallelBlock",
+      "Qwen3MoeExpertParallelBlock", "ExpertParallelExperts"};
+  return names;
+}
+}  // namespace
+
 std::optional<ScopedPatchMapping> parallel_patches(PluginHost& host) {
   if (!process_group()) return std::nullopt;
   const auto find = [&](const std::string& name) {
@@ -176,7 +188,7 @@ BuiltModel build_model(PluginHost& host, const Args& args) {
   const auto patches = parallel_patches(host);
   auto built = load_model(source, LoadModelOptions{pretrained_options(args, host), args.flag("strict")});
   if (group && std::none_of(built.plan.begin(), built.plan.end(), [](const PlanEntry& entry) {
-        return entry.record.class_name.find("Parallel") != std::string::npos;
+        return parallel_classes().count(entry.record.class_name) > 0;
       })) {
     throw ConfigError(fmt::format("{}: nothing of it splits between processes (tensor parallelism covers the attention "
                                   "and MLPs of Llama, Mistral, Qwen2, Gemma, Gemma2, Phi-3, Qwen2-MoE and Qwen3-MoE, and the MoE families' experts)",
@@ -193,7 +205,7 @@ void refuse_group(const std::string& command) {
   const auto options = dist::options_from_environment();
   if (options && options->world_size > 1) {
     throw UsageError(fmt::format("{} does not run as a group of processes yet; run it without RANK and WORLD_SIZE "
-                                 "(as a group: run, generate, bench, verify, save and routing record)",
+                                 "(as a group: run, generate, bench, verify, save and routing)",
                                  command));
   }
 }

@@ -115,67 +115,86 @@ torchpatch::nn::ExpertsOptions local_experts(const BuildContext& ctx, const std:
   return options;
 }
 
-/// This rank's experts (gate_up_proj [E/N, 2*Im, H], down_proj [E/N, H, Im]). Takes global expert ids
-/// and returns this rank's share of the block's routed output: the choices of other ranks' experts
-/// add nothing here.
+/// This rank's experts (gate_up_proj [E/N, 2*Im, H], down_proj [E/N, H, Im]). Takes global expert ids;
+/// the choices of other ranks' experts add nothing here. Its output is all-reduced, unless the
+/// expert-parallel block around it reduces it together with the shared expert's.
 class ExpertParallelExperts : public torchpatch::nn::FusedExperts {
  public:
   explicit ExpertParallelExperts(const BuildContext& ctx)
       : ExpertParallelExperts(ctx, torchpatch::dist::active_group()) {}
+
+  /// The block will all-reduce this rank's share itself.
+  void leave_reduction_to_block() { reduce_ = false; }
 
  protected:
   at::Tensor forward_impl(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights) override {
     const torchpatch::nn::ExpertProjections projections{
         [&](int64_t e, const at::Tensor& x) { return torchpatch::nn::linear(x, gate_up_proj[e]); },
         [&](int64_t e, const at::Tensor& x) { return torchpatch::nn::linear(x, down_proj[e]); }};
-    return torchpatch::nn::grouped_experts(hidden, indices, weights, share_.total, {share_.first, share_.count}, act,
-                                           projections);
+    auto out = torchpatch::nn::grouped_experts(hidden, indices, weights, share_.total, {share_.first, share_.count},
+                                               act, projections);
+    if (at::GradMode::is_enabled() && !out.requires_grad() && (hidden.requires_grad() || weights.requires_grad())) {
+      // No pair chose this rank's experts: keep the output on the inputs' graph anyway, so the backward
+      // pass reaches their all-reduces (copy_to_ranks) on this rank as on the others.
+      out = out + hidden * 0 + weights.sum(-1, /*keepdim=*/true) * 0;
+    }
+    if (reduce_) {
+      out = out.contiguous();
+      all_reduce(group_, out);
+    }
+    return out;
   }
   int64_t expert_count() const override { return share_.total; }  // ids are global
 
  private:
-  ExpertParallelExperts(const BuildContext& ctx, const std::shared_ptr<ProcessGroup>& group)
+  ExpertParallelExperts(const BuildContext& ctx, std::shared_ptr<ProcessGroup> group)
       : FusedExperts(local_experts(ctx, group)),
-        share_(share_of(torchpatch::model_config(ctx).decoder.moe.num_experts, group)) {}
+        share_(share_of(torchpatch::model_config(ctx).decoder.moe.num_experts, group)),
+        group_(std::move(group)) {}
   ExpertShare share_;
+  std::shared_ptr<ProcessGroup> group_;
+  bool reduce_ = true;
 };
 
 // -- the sparse block -----------------------------------------------------------------------------------
 
 /// A family's sparse MoE block whose output is reduced once over the group: the routed experts' and
-/// the shared expert's partial sums together. A part that is not split (another replacement chosen
-/// for it) counts on rank 0 only.
+/// the shared expert's partial sums together. A part another replacement made whole is added after
+/// the all-reduce, on every rank.
 template <class Block>
 class ExpertParallelBlock : public Block {
  public:
-  explicit ExpertParallelBlock(const BuildContext& ctx) : Block(ctx), group_(torchpatch::dist::active_group()) {}
+  explicit ExpertParallelBlock(const BuildContext& ctx)
+      : Block(ctx),
+        group_(torchpatch::dist::active_group()),
+        split_experts_(dynamic_cast<ExpertParallelExperts*>(this->experts.get())),
+        split_shared_(dynamic_cast<TensorParallelMLP*>(this->shared_expert.get())) {
+    if (split_experts_) split_experts_->leave_reduction_to_block();
+  }
 
   at::Tensor forward(const at::Tensor& hidden) override {
     if (!group_) return Block::forward(hidden);
     const auto shape = hidden.sizes().vec();
     const auto x = hidden.reshape({-1, shape.back()});  // [T, H]
     const auto routed = this->gate->forward(x);         // the same on every rank
+    const auto scale = this->shared_expert ? at::sigmoid(this->shared_expert_gate->forward(x)) : at::Tensor();  // [T, 1]
     // Replicated tensors entering partial sums: their gradients are summed over the ranks.
     const auto partial_x = copy_to_ranks(x, group_);
-    const bool split_experts = dynamic_cast<ExpertParallelExperts*>(this->experts.get()) != nullptr;
-    auto out = split_experts || group_->rank() == 0
-                   ? this->experts->forward(partial_x, routed.indices, copy_to_ranks(routed.scores, group_))
-                   : at::zeros_like(x);
-    if (this->shared_expert) {
-      const auto scale = copy_to_ranks(at::sigmoid(this->shared_expert_gate->forward(x)), group_);  // [T, 1]
-      if (auto* split = dynamic_cast<TensorParallelMLP*>(this->shared_expert.get())) {
-        out = out + scale * split->forward_partial(partial_x);
-      } else if (group_->rank() == 0) {
-        out = out + scale * this->shared_expert->forward(partial_x);
-      }
-    }
-    out = out.contiguous();
-    group_->all_reduce_sum(out);
+    auto partial = split_experts_ ? this->experts->forward(partial_x, routed.indices, copy_to_ranks(routed.scores, group_))
+                                  : at::zeros_like(x);
+    if (split_shared_) partial = partial + copy_to_ranks(scale, group_) * split_shared_->forward_partial(partial_x);
+    partial = partial.contiguous();
+    group_->all_reduce_sum(partial);
+    auto out = partial;
+    if (!split_experts_) out = out + this->experts->forward(x, routed.indices, routed.scores);
+    if (this->shared_expert && !split_shared_) out = out + scale * this->shared_expert->forward(x);
     return out.view(shape);
   }
 
  private:
   std::shared_ptr<ProcessGroup> group_;
+  ExpertParallelExperts* split_experts_;  // null when another replacement holds the experts
+  TensorParallelMLP* split_shared_;       // null without a shared expert, or when it is not split
 };
 
 }  // namespace

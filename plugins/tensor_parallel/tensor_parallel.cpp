@@ -14,7 +14,6 @@
 // no active group they are the plain classes.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
-#include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 #include <tuple>
@@ -32,27 +31,16 @@ void all_reduce(const std::shared_ptr<ProcessGroup>& group, at::Tensor& partial)
   if (group) group->all_reduce_sum(partial);
 }
 
-namespace {
-
-struct CopyToRanks : torch::autograd::Function<CopyToRanks> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t group) {
-    ctx->saved_data["group"] = group;  // the group outlives the model and its graphs
-    return x.clone();
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto* group = reinterpret_cast<ProcessGroup*>(ctx->saved_data["group"].toInt());
-    auto sum = grads.at(0).contiguous().clone();
-    group->all_reduce_sum(sum);
-    return {sum, at::Tensor()};
-  }
-};
-
-}  // namespace
-
 at::Tensor copy_to_ranks(const at::Tensor& x, const std::shared_ptr<ProcessGroup>& group) {
   if (!group || !at::GradMode::is_enabled() || !x.requires_grad()) return x;
-  return CopyToRanks::apply(x, static_cast<int64_t>(reinterpret_cast<intptr_t>(group.get())));
+  auto copy = x.view_as(x);
+  // The hook holds the group: it lives as long as the graph that may call it.
+  copy.register_hook([group](const at::Tensor& grad) {
+    auto sum = grad.contiguous().clone();
+    group->all_reduce_sum(sum);
+    return sum;
+  });
+  return copy;
 }
 
 namespace {
