@@ -6,6 +6,8 @@
 //   o_proj, down_proj          the matching columns                           [H, in / N]
 //   then one all-reduce of the block's output; an o_proj / down_proj bias is added by rank 0 only.
 //
+// Phi-3's fused qkv_proj and gate_up_proj are sliced per projection inside the fused tensor
+// (sharding.cpp); Gemma2 keeps its query scale and soft cap. The MoE experts: expert_parallel.cpp.
 // With fewer key/value heads than ranks, each is replicated over world / heads ranks (vLLM's choice).
 // Norms, embeddings and lm_head stay replicated. Each rank's weights are sliced as they load (the
 // classes' conversion rules), so a rank holds only its part of the sharded projections; saving
@@ -179,11 +181,8 @@ class TensorParallelFusedQkvAttention : public ReducedAttention<torchpatch::Fuse
   }
 };
 
-}  // namespace
-
 // -- MLP ------------------------------------------------------------------------------------------------
 
-namespace {
 torchpatch::nn::MlpOptions local_mlp(const BuildContext& ctx, const std::shared_ptr<ProcessGroup>& group) {
   auto options = torchpatch::mlp_options(ctx);
   const int64_t n = world_of(group);
@@ -194,20 +193,6 @@ torchpatch::nn::MlpOptions local_mlp(const BuildContext& ctx, const std::shared_
   options.intermediate_size /= n;
   return options;
 }
-}  // namespace
-
-TensorParallelMLP::TensorParallelMLP(const BuildContext& ctx) : TensorParallelMLP(ctx, torchpatch::dist::active_group()) {}
-
-TensorParallelMLP::TensorParallelMLP(const BuildContext& ctx, std::shared_ptr<ProcessGroup> group)
-    : GatedMlp(local_mlp(ctx, group)), group_(std::move(group)) {}
-
-at::Tensor TensorParallelMLP::forward(const at::Tensor& x) {
-  auto out = forward_partial(copy_to_ranks(x, group_)).contiguous();
-  all_reduce(group_, out);
-  return out;
-}
-
-namespace {
 
 /// Phi-3's MLP (gate and up fused in gate_up_proj) over this rank's slice of the intermediate dimension.
 class TensorParallelFusedMLP : public torchpatch::roles::Mlp {
@@ -236,6 +221,17 @@ class TensorParallelFusedMLP : public torchpatch::roles::Mlp {
 };
 
 }  // namespace
+
+TensorParallelMLP::TensorParallelMLP(const BuildContext& ctx) : TensorParallelMLP(ctx, torchpatch::dist::active_group()) {}
+
+TensorParallelMLP::TensorParallelMLP(const BuildContext& ctx, std::shared_ptr<ProcessGroup> group)
+    : GatedMlp(local_mlp(ctx, group)), group_(std::move(group)) {}
+
+at::Tensor TensorParallelMLP::forward(const at::Tensor& x) {
+  auto out = forward_partial(copy_to_ranks(x, group_)).contiguous();
+  all_reduce(group_, out);
+  return out;
+}
 
 void register_plugin(torchpatch::Registrar& registrar) {
   registrar.add_replacement(torchpatch::module_class<TensorParallelAttention>("TensorParallelAttention"), {});
