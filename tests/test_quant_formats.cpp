@@ -148,3 +148,45 @@ TEST_CASE("a subnormal scale saturates instead of overflowing", "[quant]") {
     CHECK(blocks.size(1) == torchpatch::nn::block_bytes(format));
   }
 }
+
+TEST_CASE("kRows16 packing is a bijection on any bytes and lays blocks out as documented", "[quant][layout]") {
+  using torchpatch::nn::pack_blocks;
+  using torchpatch::nn::unpack_blocks;
+  at::manual_seed(21);
+  for (const auto format : {QuantFormat::kQ8_0, QuantFormat::kQ4_0}) {
+    const int64_t bytes = torchpatch::nn::block_bytes(format);
+    for (const int64_t rows : {1, 15, 16, 17, 33, 257}) {
+      for (const int64_t blocks : {1, 2, 3, 24}) {
+        INFO(torchpatch::nn::format_name(format) << " rows " << rows << " blocks " << blocks);
+        const auto gguf = at::randint(0, 256, {rows, blocks * bytes}, at::kByte);  // arbitrary bytes, not only real blocks
+        const auto packed = pack_blocks(format, gguf, "w");
+        CHECK(packed.sizes() == gguf.sizes());
+        CHECK(at::equal(unpack_blocks(format, packed, "w"), gguf));
+        CHECK(at::equal(pack_blocks(format, unpack_blocks(format, gguf, "w"), "w"), gguf));
+        // Row 5, last block, scale and quant byte 6 where nn/quant.h puts them; the tail rows unmoved.
+        if (rows >= 16) {
+          const int64_t b = blocks - 1, pair = b / 2 * 2 * 16 * bytes, qbytes = 16 * (bytes - 2);
+          const bool whole_pair = (b | 1) < blocks;
+          const int64_t scales = whole_pair ? pair + (b % 2) * 32 : pair;
+          const int64_t quants = whole_pair ? pair + 64 + (b % 2) * qbytes : pair + 32;
+          const auto flat = packed.reshape({-1});
+          const int64_t source = 5 * blocks * bytes + b * bytes;
+          CHECK(flat[scales + 10].item<int>() == gguf.reshape({-1})[source].item<int>());
+          CHECK(flat[scales + 11].item<int>() == gguf.reshape({-1})[source + 1].item<int>());
+          const int q = gguf.reshape({-1})[source + 2 + 6].item<int>();
+          CHECK(flat[quants + 64 * 1 + 4 * 5 + 2].item<int>() == (format == QuantFormat::kQ8_0 ? q ^ 0x80 : q));
+          const int64_t tail = rows / 16 * 16;
+          CHECK(at::equal(packed.narrow(0, tail, rows - tail), gguf.narrow(0, tail, rows - tail)));
+        }
+      }
+    }
+    // 3-D experts: each matrix by itself.
+    const auto experts = at::randint(0, 256, {3, 20, 2 * bytes}, at::kByte);
+    const auto packed = pack_blocks(format, experts, "experts");
+    for (int64_t e = 0; e < 3; ++e) CHECK(at::equal(packed[e], pack_blocks(format, experts[e], "experts")));
+    CHECK(at::equal(unpack_blocks(format, packed, "experts"), experts));
+  }
+  CHECK_THROWS_WITH(pack_blocks(QuantFormat::kQ4_0, at::zeros({2, 35}, at::kByte), "w"),
+                    "tensor 'w': q4_0 blocks to lay out are uint8 matrices of whole 18-byte blocks, not Byte 2x35");
+  CHECK_THROWS_WITH(unpack_blocks(QuantFormat::kQ8_0, at::zeros({34}, at::kByte), "w"), Contains("not Byte 34"));
+}

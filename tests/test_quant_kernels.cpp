@@ -16,6 +16,7 @@
 using Catch::Matchers::Contains;
 using torchpatch::nn::QuantFormat;
 using torchpatch::nn::QuantKernel;
+using torchpatch::nn::QuantLayout;
 
 namespace {
 
@@ -27,9 +28,9 @@ struct KernelChoice {
 };
 
 at::Tensor product(QuantKernel kernel, QuantFormat format, const at::Tensor& x, const at::Tensor& blocks,
-                   int64_t out, const at::Tensor& bias) {
+                   int64_t out, const at::Tensor& bias, QuantLayout layout = QuantLayout::kBlocks) {
   KernelChoice choice(kernel);
-  return torchpatch::nn::quant_linear(format, x, blocks, out, bias);
+  return torchpatch::nn::quant_linear(format, x, blocks, out, bias, layout);
 }
 
 // How far the product may be from x @ dequantize(W)^T: each activation moves by at most half its
@@ -39,6 +40,11 @@ at::Tensor allowed_error(const at::Tensor& x, const at::Tensor& w) {
   const auto step = x.reshape({-1, in / 32, 32}).abs().amax(-1, true).div(127).expand({-1, in / 32, 32}).reshape(x.sizes());
   return at::matmul(step.to(at::kDouble) * 0.5, w.abs().to(at::kDouble).t()) +
          1e-5 * at::matmul(x.abs().to(at::kDouble), w.abs().to(at::kDouble).t()) + 1e-6;
+}
+
+bool resolves_to_avx512(QuantKernel kernel) {
+  return (kernel == QuantKernel::kAvx512 || kernel == QuantKernel::kAuto) &&
+         torchpatch::nn::quant_kernel_available(QuantKernel::kAvx512);
 }
 
 }  // namespace
@@ -62,13 +68,19 @@ TEST_CASE("quantized products equal the float product of the dequantized weights
           const auto scalar = product(QuantKernel::kScalar, format, x, blocks, rows, bias);
           INFO(torchpatch::nn::format_name(format) << " rows " << rows << " in " << in << " tokens " << tokens);
           CHECK(((scalar.to(at::kDouble) - expected).abs() - bound).max().item<double>() <= 0);
-          for (const auto kernel : {QuantKernel::kAvx2, QuantKernel::kAvx512, QuantKernel::kAuto}) {
+          const auto packed = torchpatch::nn::pack_blocks(format, blocks, "w");
+          // Same int8 sums; only the float accumulation order differs.
+          const auto tolerance = 1e-5 * at::matmul(x.abs(), dense.abs().t()) + 1e-6;
+          for (const auto kernel : {QuantKernel::kScalar, QuantKernel::kAvx2, QuantKernel::kAvx512, QuantKernel::kAuto}) {
             if (!torchpatch::nn::quant_kernel_available(kernel)) continue;
             const auto vector = product(kernel, format, x, blocks, rows, bias);
+            const auto from_rows16 = product(kernel, format, x, packed, rows, bias, QuantLayout::kRows16);
             INFO("kernel " << static_cast<int>(kernel));
-            // Same int8 sums; only the float accumulation order differs.
-            const auto tolerance = 1e-5 * at::matmul(x.abs(), dense.abs().t()) + 1e-6;
             CHECK(((vector - scalar).abs() - tolerance).max().item<double>() <= 0);
+            CHECK(((from_rows16 - scalar).abs() - tolerance).max().item<double>() <= 0);
+            // Only AVX-512 decoding reads kRows16 itself; everything else reads the same GGUF rows.
+            const bool own_order = resolves_to_avx512(kernel) && tokens < 4 && rows >= 16;
+            if (!own_order) CHECK(at::equal(from_rows16, vector));
           }
         }
       }
@@ -85,14 +97,19 @@ TEST_CASE("a quantized product is the same with one thread and with two", "[quan
     KernelChoice choice(kernel);
     for (const auto format : {QuantFormat::kQ8_0, QuantFormat::kQ4_0}) {
       const auto blocks = torchpatch::nn::quantize(format, w, "w");
+      const auto packed = torchpatch::nn::pack_blocks(format, blocks, "w");
       for (const int64_t tokens : {1, 3, 9}) {  // decoding, and tiles of tokens
         const auto x = at::randn({tokens, 256});
-        at::set_num_threads(1);
-        const auto one = torchpatch::nn::quant_linear(format, x, blocks, 301);
-        at::set_num_threads(2);
-        const auto two = torchpatch::nn::quant_linear(format, x, blocks, 301);
-        INFO(torchpatch::nn::format_name(format) << " kernel " << static_cast<int>(kernel) << " tokens " << tokens);
-        CHECK(at::equal(one, two));
+        for (const auto layout : {QuantLayout::kBlocks, QuantLayout::kRows16}) {
+          const auto& weights = layout == QuantLayout::kBlocks ? blocks : packed;
+          at::set_num_threads(1);
+          const auto one = torchpatch::nn::quant_linear(format, x, weights, 301, {}, layout);
+          at::set_num_threads(2);
+          const auto two = torchpatch::nn::quant_linear(format, x, weights, 301, {}, layout);
+          INFO(torchpatch::nn::format_name(format) << " kernel " << static_cast<int>(kernel) << " tokens " << tokens
+                                                   << " layout " << static_cast<int>(layout));
+          CHECK(at::equal(one, two));
+        }
       }
     }
   }

@@ -91,6 +91,13 @@ at::Tensor parameter(const PretrainedModel& model, const std::string& name) {
   return model.named_parameters()[name];
 }
 
+// A quantized weight's GGUF blocks: its parameter holds them in the layout this CPU's kernels prefer.
+at::Tensor gguf_blocks(const PretrainedModel& model, const std::string& name, QuantFormat format) {
+  const auto blocks = parameter(model, name);
+  if (nn::preferred_quant_layout() == nn::QuantLayout::kBlocks) return blocks;
+  return nn::unpack_blocks(format, blocks, name);
+}
+
 }  // namespace
 
 TEST_CASE("quantized on load, every projection of llama_basic holds llama.cpp's blocks byte for byte", "[quant][reference]") {
@@ -104,10 +111,15 @@ TEST_CASE("quantized on load, every projection of llama_basic holds llama.cpp's 
       if (module->patch_record().key != "Linear") continue;
       const bool q8_here = format == "q8_0" || path == "lm_head";
       CHECK(module->patch_record().class_name == (q8_here ? "Q8_0Linear" : "Q4_0Linear"));
+      const auto q = q8_here ? QuantFormat::kQ8_0 : QuantFormat::kQ4_0;
+      const auto expected = (q8_here ? q8 : q4)->tensor(path + ".weight");
       const auto blocks = parameter(*model, path + ".weight");
       REQUIRE(blocks.scalar_type() == at::kByte);
       INFO(format << " " << path);
-      CHECK(at::equal(blocks, (q8_here ? q8 : q4)->tensor(path + ".weight")));
+      CHECK(at::equal(gguf_blocks(*model, path + ".weight", q), expected));
+      // Held in the kernels' layout; what saving writes is GGUF's again.
+      const bool rows16 = nn::preferred_quant_layout() == nn::QuantLayout::kRows16;
+      CHECK(at::equal(blocks, rows16 ? nn::pack_blocks(q, expected, path) : expected));
       ++compared;
     }
     CHECK(compared == 3 * 7 + 1);
@@ -145,7 +157,8 @@ TEST_CASE("MoE experts are quantized per expert, not left in float", "[quant][mo
     for (const char* weight : {"gate_up_proj", "down_proj"}) {
       const std::string key = std::string("model.layers.0.mlp.experts.") + weight;
       INFO(name << " " << key);
-      CHECK(at::equal(parameter(*model, key), nn::quantize(QuantFormat::kQ4_0, parameter(*float_model, key), key)));
+      CHECK(at::equal(gguf_blocks(*model, key, QuantFormat::kQ4_0),
+                      nn::quantize(QuantFormat::kQ4_0, parameter(*float_model, key), key)));
     }
     // Routers stay in float, as llama.cpp keeps them.
     CHECK(parameter(*model, "model.layers.0.mlp.gate.weight").scalar_type() == at::kFloat);
@@ -168,7 +181,8 @@ TEST_CASE("a quantized model saves as blocks and loads back bit for bit", "[quan
     const auto saved = checkpoint::Checkpoint::open(dir.path);
     const auto hub = checkpoint::Checkpoint::open(testutil::data_dir() / name);
     CHECK(saved.keys() == hub.keys());  // the hub's names: experts stay per expert
-    CHECK(saved.tensor("model.layers.0.self_attn.q_proj.weight").scalar_type() == at::kByte);
+    const std::string q_proj = "model.layers.0.self_attn.q_proj.weight";
+    CHECK(at::equal(saved.tensor(q_proj), gguf_blocks(*model, q_proj, QuantFormat::kQ4_0)));  // GGUF's layout
 
     const auto reloaded = load_case(dir.path.string());  // recognised from its config alone
     const auto before = model->named_parameters(), after = reloaded->named_parameters();
@@ -195,7 +209,7 @@ TEST_CASE("save --dequantize writes the float hub layout", "[quant][checkpoint]"
   CHECK(saved.keys() == hub.keys());
   const std::string key = "model.layers.1.mlp.down_proj.weight";
   CHECK(saved.tensor(key).scalar_type() == at::kFloat);
-  CHECK(at::equal(saved.tensor(key), nn::dequantize(QuantFormat::kQ8_0, parameter(*model, key), key)));
+  CHECK(at::equal(saved.tensor(key), nn::dequantize(QuantFormat::kQ8_0, gguf_blocks(*model, key, QuantFormat::kQ8_0), key)));
   // Loaded as a float model, it is the quantized model's weights in float.
   const auto reloaded = load_case(dir.path.string());
   CHECK(points_by_path(*reloaded).at("lm_head")->patch_record().class_name == "Linear");
@@ -244,7 +258,8 @@ TEST_CASE("a quantized preset holds the float preset's weights quantized, in any
   options.dtype = at::kBFloat16;
   const auto model = preset_model("tiny-llama", 0, options);
   const std::string key = "model.layers.1.self_attn.o_proj.weight";
-  CHECK(at::equal(parameter(*model, key), nn::quantize(QuantFormat::kQ8_0, parameter(*float_model, key), key)));
+  CHECK(at::equal(gguf_blocks(*model, key, QuantFormat::kQ8_0),
+                  nn::quantize(QuantFormat::kQ8_0, parameter(*float_model, key), key)));
   CHECK(parameter(*model, "model.norm.weight").scalar_type() == at::kBFloat16);
   at::NoGradGuard no_grad;
   ModelInputs in;

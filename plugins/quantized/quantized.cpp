@@ -10,8 +10,9 @@
 // and Qwen3-MoE become Q8_0Experts / Q4_0Experts (each expert quantized along its input dimension).
 // Routers, norms and embeddings are not Linear patch points and stay in float. Float weights are
 // quantized one tensor at a time as they load (the classes' conversion rules); a quantized
-// checkpoint's blocks load as they are; saving reverses the rules and writes the hub layout in float
-// unless asked to keep the blocks.
+// checkpoint's blocks load as they are. Either way the blocks are then laid out for this CPU's kernels
+// (Repack: nn::QuantLayout). Saving reverses the rules and writes the hub layout in float unless asked
+// to keep the blocks, which are then GGUF's again.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
@@ -78,17 +79,51 @@ std::shared_ptr<checkpoint::ConversionOp> QuantizeOp::reverse() const { return s
 
 checkpoint::OpPtr quantize_op(QuantFormat format) { return std::make_shared<QuantizeOp>(format); }
 
+// GGUF blocks -> the layout this CPU's kernels read fastest (nn::preferred_quant_layout: kRows16 with
+// AVX-512 VNNI), and back. Not an encoding: saving always unpacks, so files hold GGUF's blocks. A
+// tensor that is not rows of whole blocks passes as it is, for the loader to name.
+class LayoutOp : public checkpoint::ConversionOp {
+ public:
+  LayoutOp(QuantFormat format, bool pack) : format_(format), pack_(pack) {}
+  std::string name() const override {
+    return fmt::format("{}({})", pack_ ? "Repack" : "Unpack", torchpatch::nn::format_name(format_));
+  }
+  checkpoint::PatternTensors convert(checkpoint::PatternTensors inputs, const std::vector<std::string>&,
+                                     const std::vector<std::string>& targets) const override {
+    auto& tensors = inputs.at(0).second;
+    if (torchpatch::nn::preferred_quant_layout() == torchpatch::nn::QuantLayout::kRows16) {
+      for (auto& t : tensors) {
+        if (t.scalar_type() != at::kByte || t.dim() < 2 || t.size(-1) % torchpatch::nn::block_bytes(format_) != 0) continue;
+        t = pack_ ? torchpatch::nn::pack_blocks(format_, t, targets.at(0))
+                  : torchpatch::nn::unpack_blocks(format_, t, targets.at(0));
+      }
+    }
+    return {{targets.at(0), std::move(tensors)}};
+  }
+  std::shared_ptr<checkpoint::ConversionOp> reverse() const override {
+    return std::make_shared<LayoutOp>(format_, !pack_);
+  }
+
+ private:
+  QuantFormat format_;
+  bool pack_;
+};
+
+checkpoint::OpPtr repack_op(QuantFormat format) { return std::make_shared<LayoutOp>(format, /*pack=*/true); }
+
 // -- shared ---------------------------------------------------------------------------------------------
 
 // A weight's blocks: uninitialised under SkipInit (a checkpoint fills them), else `init`'s float
-// values quantized.
+// values quantized, in the preferred layout.
 at::Tensor new_blocks(QuantFormat format, std::vector<int64_t> float_shape, const std::string& name) {
   if (torchpatch::nn::SkipInit::active()) {
     auto shape = float_shape;
     shape.back() = shape.back() / torchpatch::nn::kQuantBlockSize * torchpatch::nn::block_bytes(format);
     return at::empty(shape, at::kByte);
   }
-  return torchpatch::nn::quantize(format, torchpatch::nn::new_parameter(float_shape), name);
+  const auto blocks = torchpatch::nn::quantize(format, torchpatch::nn::new_parameter(float_shape), name);
+  if (torchpatch::nn::preferred_quant_layout() == torchpatch::nn::QuantLayout::kBlocks) return blocks;
+  return torchpatch::nn::pack_blocks(format, blocks, name);
 }
 
 void check_quantizable(QuantFormat format, int64_t in_features, const std::string& tensor) {
@@ -129,17 +164,18 @@ class QuantizedLinear : public torchpatch::roles::Linear {
 
   at::Tensor forward(const at::Tensor& x) override {
     return in_float(x, [&](const at::Tensor& x32) {
-      return torchpatch::nn::quant_linear(F, x32, weight, out_, bias.defined() ? bias.to(at::kFloat) : bias);
+      return torchpatch::nn::quant_linear(F, x32, weight, out_, bias.defined() ? bias.to(at::kFloat) : bias, layout_);
     });
   }
   int64_t in_features() const override { return in_; }
   int64_t out_features() const override { return out_; }
   TORCHPATCH_KEEP_BLOCKS_ON_DTYPE_CHANGE
 
-  at::Tensor weight;  ///< uint8 [out, in / 32 * block bytes]
+  at::Tensor weight;  ///< uint8 [out, in / 32 * block bytes], in nn::preferred_quant_layout()
   at::Tensor bias;    ///< float [out] or undefined
 
  private:
+  const torchpatch::nn::QuantLayout layout_ = torchpatch::nn::preferred_quant_layout();
   void convert_float_parts(torch::Dtype dtype, bool non_blocking) {
     if (bias.defined()) bias.set_data(bias.to(dtype, non_blocking));
   }
@@ -147,7 +183,7 @@ class QuantizedLinear : public torchpatch::roles::Linear {
 };
 
 checkpoint::ConversionRules linear_rules(QuantFormat format) {
-  return {checkpoint::WeightConverter{{"weight"}, {"weight"}, {quantize_op(format)}}};
+  return {checkpoint::WeightConverter{{"weight"}, {"weight"}, {quantize_op(format), repack_op(format)}}};
 }
 
 // -- Experts ----------------------------------------------------------------------------------------------
@@ -172,14 +208,16 @@ class QuantizedExperts : public torchpatch::roles::Experts {
   }
   TORCHPATCH_KEEP_BLOCKS_ON_DTYPE_CHANGE
 
-  at::Tensor gate_up_proj;  ///< uint8 [E, 2*Im, H / 32 * block bytes]
-  at::Tensor down_proj;     ///< uint8 [E, H, Im / 32 * block bytes]
+  at::Tensor gate_up_proj;  ///< uint8 [E, 2*Im, H / 32 * block bytes], each expert in nn::preferred_quant_layout()
+  at::Tensor down_proj;     ///< uint8 [E, H, Im / 32 * block bytes], likewise
 
  protected:
   at::Tensor forward_impl(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights) override {
     const torchpatch::nn::ExpertProjections projections{
-        [&](int64_t e, const at::Tensor& x) { return torchpatch::nn::quant_linear(F, x, gate_up_proj[e], 2 * intermediate_); },
-        [&](int64_t e, const at::Tensor& x) { return torchpatch::nn::quant_linear(F, x, down_proj[e], hidden_); }};
+        [&](int64_t e, const at::Tensor& x) {
+          return torchpatch::nn::quant_linear(F, x, gate_up_proj[e], 2 * intermediate_, {}, layout_);
+        },
+        [&](int64_t e, const at::Tensor& x) { return torchpatch::nn::quant_linear(F, x, down_proj[e], hidden_, {}, layout_); }};
     return in_float(hidden, [&](const at::Tensor& h32) {
       return torchpatch::nn::grouped_experts(h32, indices, weights.to(at::kFloat), num_experts_, act_, projections);
     });
@@ -188,6 +226,7 @@ class QuantizedExperts : public torchpatch::roles::Experts {
 
  private:
   void convert_float_parts(torch::Dtype, bool) {}
+  const torchpatch::nn::QuantLayout layout_ = torchpatch::nn::preferred_quant_layout();
   int64_t num_experts_ = 0, intermediate_ = 0, hidden_ = 0;
   torchpatch::nn::Activation act_ = torchpatch::nn::Activation::kSilu;
 };
@@ -197,8 +236,8 @@ checkpoint::ConversionRules experts_rules(QuantFormat format) {
   using namespace checkpoint;
   return {WeightConverter{{"*.gate_proj.weight", "*.up_proj.weight"},
                           {"gate_up_proj"},
-                          {MergeModulelist(0), Concatenate(1), quantize_op(format)}},
-          WeightConverter{{"*.down_proj.weight"}, {"down_proj"}, {MergeModulelist(0), quantize_op(format)}}};
+                          {MergeModulelist(0), Concatenate(1), quantize_op(format), repack_op(format)}},
+          WeightConverter{{"*.down_proj.weight"}, {"down_proj"}, {MergeModulelist(0), quantize_op(format), repack_op(format)}}};
 }
 
 // -- the "ggml" quantization method --------------------------------------------------------------------

@@ -3,6 +3,8 @@
 //
 //   Q8_0  [d: fp16, little-endian][32 x int8]                       34 bytes
 //   Q4_0  [d: fp16, little-endian][16 bytes: q[j] | q[j + 16] << 4]  18 bytes
+//
+// and the kRows16 layout's offsets (nn/quant.h), shared by pack/unpack (quant_pack.cpp) and the kernels.
 #pragma once
 
 #include <cstdint>
@@ -30,5 +32,25 @@ inline void store_half(uint8_t* p, float value) {
   p[0] = static_cast<uint8_t>(bits & 0xff);
   p[1] = static_cast<uint8_t>(bits >> 8);
 }
+
+constexpr int64_t kGroupRows = 16;  ///< rows per kRows16 group
+
+/// Where block `b` of a kRows16 group (`blocks` per row, `bytes` each) lies, from the group's start:
+/// its 16 scales (32 bytes) and its quants (16 rows x 4 bytes per register).
+struct Rows16Block {
+  int64_t scales;
+  int64_t quants;
+};
+
+inline Rows16Block rows16_block(int64_t b, int64_t blocks, int64_t bytes) {
+  const int64_t pair = (b / 2) * 2 * kGroupRows * bytes;
+  const int64_t quant_bytes = kGroupRows * (bytes - kScaleBytes);
+  if ((b | 1) < blocks) return {pair + (b % 2) * 32, pair + 64 + (b % 2) * quant_bytes};  // a whole pair
+  return {pair, pair + 32};                                                              // an odd last block
+}
+
+/// Rows [row, row + nrows) of a kRows16 matrix of `rows` rows as GGUF rows, into `dst`.
+void unpack_rows16(QuantFormat format, const uint8_t* matrix, int64_t rows, int64_t blocks, int64_t row,
+                   int64_t nrows, uint8_t* dst);
 
 }  // namespace torchpatch::nn::block

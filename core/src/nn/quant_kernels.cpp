@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -313,6 +314,101 @@ TP_AVX512 void decode_rows_avx512(const uint8_t* w, int64_t row_bytes, int64_t b
   }
 }
 
+// ---- decoding kRows16 weights (nn/quant.h): 16 rows at a time, one stream from memory
+//
+// Register k of a block holds, in lane i, bytes 4k..4k+3 of row i's quants: a dpbusd with those 4
+// activation bytes broadcast adds 4 products to each of the 16 rows, and the 16 sums come out in the
+// lanes of one register (no horizontal sums). About 1.5 instructions per 32 weights per row, against
+// 8 in the GGUF pair kernel above: fast enough that memory, not instructions, sets the pace.
+
+/// Activations per token for kRows16: q [t * blocks * 32 ...], and per block its scale and minus the
+/// weights' offset (Q8_0: 128, Q4_0: 8) times its sum of q, [t * blocks + b].
+struct RowTokens {
+  int64_t blocks;
+  const int8_t* q;
+  const float* d;
+  const int32_t* init;
+};
+
+constexpr std::uintptr_t kRows16Prefetch = 2048;  // bytes ahead; the stream is ~1 KB a pair of blocks
+
+TP_AVX512 inline __m512i broadcast_word(const int8_t* p) {
+  int32_t word = 0;
+  std::memcpy(&word, p, 4);
+  return _mm512_set1_epi32(word);
+}
+
+/// Block b of a group's 16 rows times tokens [0, TT), added to acc[t].
+template <bool Q8, int TT>
+TP_AVX512 inline void decode_block16(const uint8_t* scales, const uint8_t* quants, int64_t b, const RowTokens& x,
+                                     __m512* acc) {
+  constexpr int kRegs = Q8 ? 8 : 4;
+  const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
+  __m512i lo[kRegs], hi[kRegs];  // Q8_0: the weights + 128; Q4_0: low nibbles, high nibbles times 16
+  TP_UNROLL for (int k = 0; k < kRegs; ++k) {
+    const __m512i v = _mm512_loadu_si512(quants + 64 * k);
+    lo[k] = Q8 ? v : _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
+    hi[k] = Q8 ? v : _mm512_and_si512(v, _mm512_set1_epi8(static_cast<char>(0xf0)));
+  }
+  TP_UNROLL for (int t = 0; t < TT; ++t) {
+    const int64_t at = t * x.blocks + b;
+    const int8_t* xq = x.q + at * kBlock;
+    __m512i s0 = _mm512_set1_epi32(x.init[at]), s1 = _mm512_setzero_si512();
+    if (Q8) {
+      TP_UNROLL for (int k = 0; k < kRegs; k += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, lo[k], broadcast_word(xq + 4 * k));
+        s1 = _mm512_dpbusd_epi32(s1, lo[k + 1], broadcast_word(xq + 4 * k + 4));
+      }
+    } else {
+      TP_UNROLL for (int k = 0; k < kRegs; ++k) {
+        s0 = _mm512_dpbusd_epi32(s0, lo[k], broadcast_word(xq + 4 * k));
+        s1 = _mm512_dpbusd_epi32(s1, hi[k], broadcast_word(xq + 16 + 4 * k));
+      }
+      s1 = _mm512_srai_epi32(s1, 4);  // exact: every product of a high nibble carries a factor 16
+    }
+    const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(x.d[at]));
+    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), scale, acc[t]);
+  }
+}
+
+/// One group of 16 rows x tokens [0, TT): out[t * out_stride + i] for row i of the group.
+template <bool Q8, int TT>
+TP_AVX512 void decode_group_avx512(const uint8_t* group, const RowTokens& x, float* out, int64_t out_stride,
+                                   const float* bias) {
+  constexpr int64_t quant_bytes = block::kGroupRows * (Q8 ? kBlock : kBlock / 2);
+  __m512 even[TT], odd[TT];
+  TP_UNROLL for (int t = 0; t < TT; ++t) even[t] = odd[t] = _mm512_setzero_ps();
+  const uint8_t* p = group;
+  int64_t b = 0;
+  for (; b + 2 <= x.blocks; b += 2, p += 64 + 2 * quant_bytes) {
+    _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(p) + kRows16Prefetch), _MM_HINT_T0);
+    decode_block16<Q8, TT>(p, p + 64, b, x, even);
+    decode_block16<Q8, TT>(p + 32, p + 64 + quant_bytes, b + 1, x, odd);
+  }
+  if (b < x.blocks) decode_block16<Q8, TT>(p, p + 32, b, x, even);
+  const __m512 bv = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+  TP_UNROLL for (int t = 0; t < TT; ++t) _mm512_storeu_ps(out + t * out_stride, _mm512_add_ps(_mm512_add_ps(even[t], odd[t]), bv));
+}
+
+/// Output rows [row_begin, row_end) (row_begin a multiple of 16) of kRows16 weights with `rows` rows:
+/// whole groups 16 at a time, the tail rows (GGUF rows) by the pair kernel.
+template <bool Q8>
+TP_AVX512 void decode_rows16_avx512(const uint8_t* w, int64_t row_bytes, int64_t rows, const RowTokens& x,
+                                    const PairedTokens& paired, int64_t tokens, int64_t row_begin, int64_t row_end,
+                                    float* y, const float* bias) {
+  const int64_t last = std::min(row_end, rows / block::kGroupRows * block::kGroupRows);
+  int64_t o = row_begin;
+  for (; o + block::kGroupRows <= last; o += block::kGroupRows) {
+    const float* b = bias ? bias + o : nullptr;
+    switch (tokens) {
+      case 3: decode_group_avx512<Q8, 3>(w + o * row_bytes, x, y + o, rows, b); break;
+      case 2: decode_group_avx512<Q8, 2>(w + o * row_bytes, x, y + o, rows, b); break;
+      default: decode_group_avx512<Q8, 1>(w + o * row_bytes, x, y + o, rows, b); break;
+    }
+  }
+  if (o < row_end) decode_rows_avx512<Q8>(w, row_bytes, x.blocks, paired, tokens, o, row_end, y, rows, bias);
+}
+
 // ---- prefill (kTileTokens tokens or more): groups of 16 blocks, one block per int32 lane
 //
 // Register k of a group holds, in lane i, bytes 4k..4k+3 of block i: 8 dpbusd sum all 32 products of
@@ -443,11 +539,14 @@ TP_AVX512 void prefill_rows_tokens(const __m512i* packed, const GroupedTokens& x
 
 /// Output rows [row_begin, row_end) for every token; y[t * out_features + o]. Tokens in chunks whose
 /// activations stay in L2; per chunk, each tile of rows rearranged once and used for every token.
+/// kRows16 weights are first unpacked, a tile of rows at a time, into GGUF rows.
 template <bool Q8>
-TP_AVX512 void prefill_rows_avx512(const uint8_t* w, int64_t row_bytes, int64_t blocks, const GroupedTokens& x,
-                                   int64_t tokens, int64_t row_begin, int64_t row_end, float* y, int64_t out_features,
-                                   const float* bias) {
+TP_AVX512 void prefill_rows_avx512(const uint8_t* w, int64_t row_bytes, int64_t blocks, QuantLayout layout,
+                                   const GroupedTokens& x, int64_t tokens, int64_t row_begin, int64_t row_end, float* y,
+                                   int64_t out_features, const float* bias) {
   const int64_t groups = x.groups;
+  const bool packed_rows = layout == QuantLayout::kRows16;
+  std::vector<uint8_t> unpacked(packed_rows ? kTileRows * row_bytes : 0);
   std::vector<uint8_t> buffer(kTileRows * groups * kGroupWeightRegs * sizeof(__m512i) + 64);
   const auto aligned = (reinterpret_cast<std::uintptr_t>(buffer.data()) + 63) & ~std::uintptr_t{63};
   __m512i* packed = reinterpret_cast<__m512i*>(aligned);
@@ -457,7 +556,13 @@ TP_AVX512 void prefill_rows_avx512(const uint8_t* w, int64_t row_bytes, int64_t 
     const int64_t t1 = std::min(tokens, t0 + chunk);
     for (int64_t o = row_begin; o < row_end; o += kTileRows) {
       const int nrows = static_cast<int>(std::min<int64_t>(kTileRows, row_end - o));
-      group_rows_avx512<Q8>(w + o * row_bytes, row_bytes, nrows, blocks, packed);
+      const uint8_t* tile = w + o * row_bytes;
+      if (packed_rows) {
+        block::unpack_rows16(Q8 ? QuantFormat::kQ8_0 : QuantFormat::kQ4_0, w, out_features, blocks, o, nrows,
+                             unpacked.data());
+        tile = unpacked.data();
+      }
+      group_rows_avx512<Q8>(tile, row_bytes, nrows, blocks, packed);
       const float* b = bias ? bias + o : nullptr;
       switch (nrows) {
         case 4: prefill_rows_tokens<Q8, 4>(packed, x, t0, t1, y + o, out_features, b); break;
@@ -518,14 +623,16 @@ DotFn dot_for(QuantFormat format, QuantKernel kernel) {
 
 constexpr int64_t kSerialBytes = 512 * 1024;
 
-// Rows per task of at::parallel_for: whole tiles, about 64 KB of weights at least.
+// Rows per task of at::parallel_for: whole kRows16 groups (so whole tiles), about 64 KB of weights at least.
 int64_t rows_per_task(int64_t row_bytes) {
-  const int64_t rows = std::max<int64_t>(kTileRows, 64 * 1024 / std::max<int64_t>(row_bytes, 1));
-  return (rows + kTileRows - 1) / kTileRows * kTileRows;
+  constexpr int64_t kRows = block::kGroupRows;
+  static_assert(kRows % kTileRows == 0, "a task is whole tiles");
+  const int64_t rows = std::max<int64_t>(kRows, 64 * 1024 / std::max<int64_t>(row_bytes, 1));
+  return (rows + kRows - 1) / kRows * kRows;
 }
 
-at::Tensor linear_avx512(QuantFormat format, const float* src, int64_t tokens, int64_t in, const uint8_t* w,
-                         int64_t out_features, const float* bias, at::Tensor out) {
+at::Tensor linear_avx512(QuantFormat format, QuantLayout layout, const float* src, int64_t tokens, int64_t in,
+                         const uint8_t* w, int64_t out_features, const float* bias, at::Tensor out) {
   const bool q8 = format == QuantFormat::kQ8_0;
   if (tokens == 0 || out_features == 0) return out;
   const int64_t blocks = in / kBlock;
@@ -557,6 +664,19 @@ at::Tensor linear_avx512(QuantFormat format, const float* src, int64_t tokens, i
                         init.data() + t * pairs * 16);
     }
     const PairedTokens x{pairs, xq.data(), dx.data(), init.data()};
+    if (layout == QuantLayout::kRows16) {
+      std::vector<int32_t> offsets(tokens * blocks);
+      for (int64_t i = 0; i < tokens * blocks; ++i) offsets[i] = -(q8 ? 128 : 8) * sums[i];
+      const RowTokens rows{blocks, q.data(), d.data(), offsets.data()};
+      for_rows([&](int64_t row_begin, int64_t row_end) {
+        if (q8) {
+          decode_rows16_avx512<true>(w, row_bytes, out_features, rows, x, tokens, row_begin, row_end, y, bias);
+        } else {
+          decode_rows16_avx512<false>(w, row_bytes, out_features, rows, x, tokens, row_begin, row_end, y, bias);
+        }
+      });
+      return out;
+    }
     for_rows([&](int64_t row_begin, int64_t row_end) {
       if (q8) {
         decode_rows_avx512<true>(w, row_bytes, blocks, x, tokens, row_begin, row_end, y, out_features, bias);
@@ -568,8 +688,8 @@ at::Tensor linear_avx512(QuantFormat format, const float* src, int64_t tokens, i
   }
   const int64_t groups = (blocks + kGroup - 1) / kGroup;
   // 64-byte aligned registers' worth: LibTorch's allocator aligns to 64 bytes.
-  const at::Tensor layout = at::empty({tokens * groups * (8 + 1 + 1) * 64}, at::kByte);
-  auto* xq = reinterpret_cast<__m512i*>(layout.data_ptr<uint8_t>());
+  const at::Tensor grouped = at::empty({tokens * groups * (8 + 1 + 1) * 64}, at::kByte);
+  auto* xq = reinterpret_cast<__m512i*>(grouped.data_ptr<uint8_t>());
   auto* dx = reinterpret_cast<__m512*>(xq + tokens * groups * 8);
   auto* init = reinterpret_cast<__m512i*>(dx + tokens * groups);
   at::parallel_for(0, tokens, 1, [&](int64_t begin, int64_t end) {
@@ -582,9 +702,9 @@ at::Tensor linear_avx512(QuantFormat format, const float* src, int64_t tokens, i
   const GroupedTokens x{groups, xq, dx, init};
   for_rows([&](int64_t row_begin, int64_t row_end) {
     if (q8) {
-      prefill_rows_avx512<true>(w, row_bytes, blocks, x, tokens, row_begin, row_end, y, out_features, bias);
+      prefill_rows_avx512<true>(w, row_bytes, blocks, layout, x, tokens, row_begin, row_end, y, out_features, bias);
     } else {
-      prefill_rows_avx512<false>(w, row_bytes, blocks, x, tokens, row_begin, row_end, y, out_features, bias);
+      prefill_rows_avx512<false>(w, row_bytes, blocks, layout, x, tokens, row_begin, row_end, y, out_features, bias);
     }
   });
   return out;
@@ -623,7 +743,7 @@ bool quant_kernel_available(QuantKernel kernel) {
 }
 
 at::Tensor quant_linear(QuantFormat format, const at::Tensor& x, const at::Tensor& blocks, int64_t out_features,
-                        const at::Tensor& bias) {
+                        const at::Tensor& bias, QuantLayout layout) {
   check_operands(format, x, blocks, out_features, bias);
   const int64_t in = x.size(-1);
   const int64_t tokens = x.numel() / in;
@@ -637,7 +757,10 @@ at::Tensor quant_linear(QuantFormat format, const at::Tensor& x, const at::Tenso
   const at::Tensor bias_values = bias.defined() ? bias.contiguous() : at::Tensor();
   const float* b = bias_values.defined() ? bias_values.data_ptr<float>() : nullptr;
   const QuantKernel kernel = resolve(chosen_kernel.load());
-  if (kernel == QuantKernel::kAvx512) return linear_avx512(format, src, tokens, in, w, out_features, b, out);
+  if (kernel == QuantKernel::kAvx512) return linear_avx512(format, layout, src, tokens, in, w, out_features, b, out);
+  // The plain kernels read GGUF rows only.
+  const at::Tensor gguf = layout == QuantLayout::kRows16 ? unpack_blocks(format, blocks, "weight") : blocks;
+  w = gguf.data_ptr<uint8_t>();
 
   // Every token's activations quantized once, shared by all output rows.
   std::vector<int8_t> q(tokens * in);

@@ -42,6 +42,32 @@ TORCHPATCH_API at::Tensor quantize(QuantFormat format, const at::Tensor& weight,
 /// d * (q - 8) (Q4_0). Refuses, naming `name`, anything but uint8 rows of whole blocks.
 TORCHPATCH_API at::Tensor dequantize(QuantFormat format, const at::Tensor& blocks, const std::string& name);
 
+/// How a weight's blocks lie in memory. Both hold the same bytes in the same tensor shape
+/// [..., rows, in / 32 * block_bytes]; each matrix (the last two dimensions) is laid out by itself.
+enum class QuantLayout {
+  kBlocks,  ///< GGUF's: row after row, each row's blocks in order (what checkpoints hold)
+  kRows16,  ///< rows in groups of 16, each group's blocks interleaved so that one 64-byte load feeds all
+            ///< 16 rows (below); rows past the last whole group stay as kBlocks rows at the end
+};
+
+// kRows16, per group of 16 rows and per pair of blocks (2p, 2p + 1) of those rows:
+//   [the 16 rows' fp16 scales of block 2p][those of block 2p + 1]                       64 bytes
+//   [block 2p's quants: register k (64 bytes), lane i = row i's quant bytes 4k..4k+3]   Q8_0 512, Q4_0 256
+//   [block 2p + 1's quants, the same way]
+// An odd last block is [its 32 bytes of scales][its quants]. Q8_0 quants are stored as w + 128 (XOR
+// 0x80, the unsigned bytes VNNI multiplies); Q4_0's bytes are GGUF's. A group is as long as its 16
+// rows were, so the tail rows sit where they were.
+
+/// The layout quant_linear reads fastest on this CPU: kRows16 with AVX-512 VNNI, else kBlocks.
+TORCHPATCH_API QuantLayout preferred_quant_layout();
+
+/// `blocks` (kBlocks) [..., rows, whole blocks] rearranged into kRows16; refuses, naming `name`, a tensor
+/// that is not uint8 rows of whole blocks.
+TORCHPATCH_API at::Tensor pack_blocks(QuantFormat format, const at::Tensor& blocks, const std::string& name);
+
+/// The inverse of pack_blocks: kRows16 back to GGUF's kBlocks, byte for byte.
+TORCHPATCH_API at::Tensor unpack_blocks(QuantFormat format, const at::Tensor& packed, const std::string& name);
+
 /// How products with quantized weights are computed. Activations are quantized to Q8_0 per row first
 /// (llama.cpp's scheme), so every kernel sums the same int8 products exactly; they differ only in
 /// float rounding (the order the per-block scaled sums are added in).
@@ -59,9 +85,12 @@ TORCHPATCH_API QuantKernel set_quant_kernel(QuantKernel kernel);
 /// Whether this CPU runs `kernel` itself (kAuto and kScalar always).
 TORCHPATCH_API bool quant_kernel_available(QuantKernel kernel);
 
-/// y = x W^T + bias for x float32 [..., in] and W's blocks uint8 [out_features, in / 32 * block_bytes]:
-/// float32 [..., out_features]. Output rows are split across the intra-op threads.
+/// y = x W^T + bias for x float32 [..., in] and W's blocks uint8 [out_features, in / 32 * block_bytes]
+/// laid out as `layout` says: float32 [..., out_features]. Output rows are split across the intra-op
+/// threads. The AVX-512 kernel decodes kRows16 16 rows at a time; the other kernels, and AVX-512's
+/// prefill, read kRows16 through a GGUF copy (the same results as from kBlocks, bit for bit).
 TORCHPATCH_API at::Tensor quant_linear(QuantFormat format, const at::Tensor& x, const at::Tensor& blocks,
-                                       int64_t out_features, const at::Tensor& bias = {});
+                                       int64_t out_features, const at::Tensor& bias = {},
+                                       QuantLayout layout = QuantLayout::kBlocks);
 
 }  // namespace torchpatch::nn
