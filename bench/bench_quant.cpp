@@ -1,5 +1,6 @@
 // Products with Q8_0 / Q4_0 weights (nn/quant.h) against float32, on llama-125m's shapes (hidden 768,
-// intermediate 3072, vocab 32000), at 1 and 2 threads, every kernel this CPU has:
+// intermediate 3072, vocab 32000), at 1 and 2 threads, every kernel this CPU has on GGUF rows, and
+// the AVX-512 kernel also on kRows16 weights ("avx512/r16", the layout models hold on such CPUs):
 //   decode   one token; enough distinct copies of the weight (as a model's layers are) that they
 //            stream from memory, not cache; float32 baseline torchpatch::nn::linear (the gemv kernels)
 //   prefill  128 tokens, one weight; float32 baseline at::linear (the BLAS's sgemm)
@@ -26,6 +27,7 @@
 using Clock = std::chrono::steady_clock;
 using torchpatch::nn::QuantFormat;
 using torchpatch::nn::QuantKernel;
+using torchpatch::nn::QuantLayout;
 
 namespace {
 
@@ -103,9 +105,13 @@ int main(int argc, char** argv) {
   const double bandwidth_mt = stream_bandwidth();
   std::printf("stream bandwidth (%d threads): %.1f GB/s\n\n", max_threads, bandwidth_mt / 1e9);
 
-  std::vector<QuantKernel> kernels;
+  // Every kernel this CPU has on GGUF rows, and AVX-512 also on kRows16 (what models hold on such CPUs).
+  std::vector<std::pair<QuantKernel, QuantLayout>> variants;
   for (const auto k : {QuantKernel::kScalar, QuantKernel::kAvx2, QuantKernel::kAvx512}) {
-    if (torchpatch::nn::quant_kernel_available(k)) kernels.push_back(k);
+    if (torchpatch::nn::quant_kernel_available(k)) variants.emplace_back(k, QuantLayout::kBlocks);
+  }
+  if (torchpatch::nn::quant_kernel_available(QuantKernel::kAvx512)) {
+    variants.emplace_back(QuantKernel::kAvx512, QuantLayout::kRows16);
   }
   const std::vector<Shape> shapes = {
       {"q/k/v/o 768x768", 768, 768}, {"gate/up 3072x768", 3072, 768}, {"down 768x3072", 768, 3072},
@@ -115,7 +121,7 @@ int main(int argc, char** argv) {
               "'vs bw' = (f32 weight bytes / stream bandwidth) / this time, the bar being 2.6 (q8_0), 3.6 (q4_0)\n"
               "prefill (%lld tokens): ms per product; 'vs f32' = at::linear time / this time\n\n",
               static_cast<long long>(kPrefillTokens));
-  std::printf("%-18s %-5s %-7s %3s | %9s %7s %7s %7s | %9s %7s\n", "shape", "fmt", "kernel", "thr", "decode us",
+  std::printf("%-18s %-5s %-10s %3s | %9s %7s %7s %7s | %9s %7s\n", "shape", "fmt", "kernel", "thr", "decode us",
               "GB/s", "vs f32", "vs bw", "prefill ms", "vs f32");
 
   for (const auto& shape : shapes) {
@@ -133,28 +139,37 @@ int main(int argc, char** argv) {
       const double bw = threads == 1 ? bandwidth : bandwidth_mt;
       const double f32_decode = median_call(rounds, copies, [&](int i) { torchpatch::nn::linear(x1, dense[i]); });
       const double f32_prefill = median_call(rounds, 1, [&](int) { at::linear(xp, w); });
-      std::printf("%-18s %-5s %-7s %3d | %9.1f %7.1f %7.2f %7.2f | %9.3f %7.2f\n", shape.name, "f32", "linear", threads,
+      std::printf("%-18s %-5s %-10s %3d | %9.1f %7.1f %7.2f %7.2f | %9.3f %7.2f\n", shape.name, "f32", "linear", threads,
                   f32_decode * 1e6, f32_bytes / f32_decode / 1e9, 1.0, f32_bytes / bw / f32_decode, f32_prefill * 1e3,
                   1.0);
       for (const auto format : {QuantFormat::kQ8_0, QuantFormat::kQ4_0}) {
         const auto blocks = torchpatch::nn::quantize(format, w, "w");
-        std::vector<at::Tensor> copies_q(copies);
-        for (auto& c : copies_q) c = blocks.clone();
+        const auto packed = torchpatch::nn::pack_blocks(format, blocks, "w");
+        std::vector<at::Tensor> copies_q(copies), copies_packed(copies);
+        for (int i = 0; i < copies; ++i) {
+          copies_q[i] = blocks.clone();
+          copies_packed[i] = packed.clone();
+        }
         const double q_bytes = static_cast<double>(blocks.numel());
-        for (const auto kernel : kernels) {
+        for (const auto& [kernel, layout] : variants) {
+          const bool rows16 = layout == QuantLayout::kRows16;
+          const auto& weights = rows16 ? copies_packed : copies_q;
           const auto previous = torchpatch::nn::set_quant_kernel(kernel);
-          const double decode = median_call(
-              rounds, copies, [&](int i) { torchpatch::nn::quant_linear(format, x1, copies_q[i], shape.out); });
+          const double decode = median_call(rounds, copies, [&](int i) {
+            torchpatch::nn::quant_linear(format, x1, weights[i], shape.out, {}, layout);
+          });
           double prefill = 0;
           const bool slow = kernel == QuantKernel::kScalar && (quick || shape.out * shape.in > 4 * 1024 * 1024);
           if (!slow) {
-            prefill = median_call(kernel == QuantKernel::kScalar ? 1 : rounds, 1,
-                                  [&](int) { torchpatch::nn::quant_linear(format, xp, blocks, shape.out); });
+            prefill = median_call(kernel == QuantKernel::kScalar ? 1 : rounds, 1, [&](int) {
+              torchpatch::nn::quant_linear(format, xp, rows16 ? packed : blocks, shape.out, {}, layout);
+            });
           }
           torchpatch::nn::set_quant_kernel(previous);
-          std::printf("%-18s %-5s %-7s %3d | %9.1f %7.1f %7.2f %7.2f |", shape.name,
-                      torchpatch::nn::format_name(format), kernel_name(kernel), threads, decode * 1e6, q_bytes / decode / 1e9, f32_decode / decode,
-                      f32_bytes / bw / decode);
+          const std::string name = std::string(kernel_name(kernel)) + (rows16 ? "/r16" : "");
+          std::printf("%-18s %-5s %-10s %3d | %9.1f %7.1f %7.2f %7.2f |", shape.name,
+                      torchpatch::nn::format_name(format), name.c_str(), threads, decode * 1e6, q_bytes / decode / 1e9,
+                      f32_decode / decode, f32_bytes / bw / decode);
           if (prefill > 0) {
             std::printf(" %9.3f %7.2f\n", prefill * 1e3, f32_prefill / prefill);
           } else {

@@ -10,9 +10,12 @@
 //            w + 128 (exact for every int8), Q4_0 as its nibbles 0..15; each block's int32 sum starts
 //            at minus that offset (128 or 8) times the block's sum of activations, so it comes out
 //            exactly sum(w * x). Two layouts:
-//     decode   (fewer than 4 tokens) two blocks per 512-bit register (lanes 0-7 one block, 8-15 the
-//              next), weights straight from memory, one row after another; per pair of blocks one
-//              convert and one multiply-add by the two blocks' scales.
+//     decode   (fewer than 4 tokens) from kRows16 weights (nn/quant.h, what models hold on these CPUs):
+//              16 rows at a time, lane i of each register one row's 4 bytes, so a dpbusd with 4
+//              activation bytes broadcast advances all 16 rows and the sums need no shuffles.
+//              From GGUF rows: two blocks per 512-bit register (lanes 0-7 one block, 8-15 the next),
+//              one row after another; per pair of blocks one convert and one multiply-add by the
+//              two blocks' scales.
 //     prefill  (4 tokens or more) groups of 16 blocks, lane i of register k holding bytes 4k..4k+3 of
 //              block i: 8 dpbusd finish 16 blocks, and the scaling is one convert and one multiply-add
 //              per 16 blocks. Tiles of 4 rows x 4 tokens (each weight register used for 4 tokens, each

@@ -75,8 +75,9 @@ enum class QuantKernel {
   kAuto,    ///< the best this CPU has: AVX-512 VNNI, else AVX2 (with FMA and F16C), else scalar (the default)
   kScalar,  ///< plain C++
   kAvx2,    ///< 32 bytes at a time with maddubs / madd (scalar without AVX2)
-  kAvx512,  ///< AVX-512 VNNI (dpbusd): decoding streams each row once, prefill works in tiles of 4 rows
-            ///< x 4 tokens (kAvx2, else scalar, without AVX-512 F/BW/VL/VNNI)
+  kAvx512,  ///< AVX-512 VNNI (dpbusd): decoding streams kRows16 weights 16 rows at a time (GGUF rows one
+            ///< at a time), prefill works in tiles of 4 rows x 4 tokens (kAvx2, else scalar, without
+            ///< AVX-512 F/BW/VL/VNNI)
 };
 
 /// Chooses the kernel for the whole process (tests and benchmarks compare them); returns the previous one.
