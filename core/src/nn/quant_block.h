@@ -49,8 +49,4 @@ inline Rows16Block rows16_block(int64_t b, int64_t blocks, int64_t bytes) {
   return {pair, pair + 32};                                                              // an odd last block
 }
 
-/// Rows [row, row + nrows) of a kRows16 matrix of `rows` rows as GGUF rows, into `dst`.
-void unpack_rows16(QuantFormat format, const uint8_t* matrix, int64_t rows, int64_t blocks, int64_t row,
-                   int64_t nrows, uint8_t* dst);
-
 }  // namespace torchpatch::nn::block

@@ -453,31 +453,56 @@ TP_AVX512 void group_token_avx512(bool q8, const int8_t* q, const float* d, cons
   }
 }
 
-/// Rearranges `nrows` rows into `packed`: kGroupWeightRegs registers per row and group, rows one after another.
+/// One row's group of up to 16 blocks into kGroupWeightRegs registers at `dst`. Lane i's block has its
+/// fp16 scale at base + scales[i] and its quant word j (4 bytes) at base + quants[i] + j * step; Q8_0
+/// quants still signed (GGUF rows) are flipped to w + 128.
 template <bool Q8>
-TP_AVX512 void group_rows_avx512(const uint8_t* rows, int64_t row_bytes, int nrows, int64_t blocks, __m512i* packed) {
+TP_AVX512 void gather_group(const uint8_t* base, __m512i scales, __m512i quants, int step, bool flip, int64_t n,
+                            __m512i* dst) {
+  const __mmask16 real = static_cast<__mmask16>((1u << n) - 1);
+  for (int k = 0; k < 8; ++k) {
+    const int at = step * (Q8 ? k : k % 4);
+    __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), real,
+                                            _mm512_add_epi32(quants, _mm512_set1_epi32(at)), base, 1);
+    if (Q8) {  // w + 128
+      if (flip) v = _mm512_xor_si512(v, _mm512_set1_epi8(-128));
+    } else {  // weights 0..15 low nibbles, 16..31 high nibbles
+      v = _mm512_and_si512(k < 4 ? v : _mm512_srli_epi32(v, 4), _mm512_set1_epi8(0x0f));
+    }
+    _mm512_store_si512(dst + k, v);
+  }
+  const __m512i halves = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), real, scales, base, 1);
+  _mm512_store_ps(reinterpret_cast<float*>(dst + 8), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(halves)));
+}
+
+/// Rearranges rows [row0, row0 + nrows) of the weight `w` (`rows` rows, GGUF or kRows16) into
+/// `packed`: kGroupWeightRegs registers per row and group, rows one after another.
+template <bool Q8>
+TP_AVX512 void group_rows_avx512(const uint8_t* w, QuantLayout layout, int64_t rows, int64_t row0, int nrows,
+                                 int64_t blocks, __m512i* packed) {
   constexpr int64_t bytes = Q8 ? kQ8_0Bytes : kQ4_0Bytes;
-  const int64_t groups = (blocks + kGroup - 1) / kGroup;
+  const int64_t row_bytes = blocks * bytes, groups = (blocks + kGroup - 1) / kGroup;
+  const int64_t full = layout == QuantLayout::kRows16 ? rows / block::kGroupRows * block::kGroupRows : 0;
   const __m512i offsets = lane_offsets(bytes);
   for (int r = 0; r < nrows; ++r) {
+    const int64_t row = row0 + r;
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t n = std::min<int64_t>(kGroup, blocks - g * kGroup);
-      const __mmask16 real = static_cast<__mmask16>((1u << n) - 1);
-      const uint8_t* base = rows + r * row_bytes + g * kGroup * bytes;
       __m512i* dst = packed + (r * groups + g) * kGroupWeightRegs;
-      for (int k = 0; k < 8; ++k) {
-        const int at = static_cast<int>(kScaleBytes) + 4 * (Q8 ? k : k % 4);
-        __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), real,
-                                                _mm512_add_epi32(offsets, _mm512_set1_epi32(at)), base, 1);
-        if (Q8) {  // w + 128
-          v = _mm512_xor_si512(v, _mm512_set1_epi8(-128));
-        } else {  // weights 0..15 low nibbles, 16..31 high nibbles
-          v = _mm512_and_si512(k < 4 ? v : _mm512_srli_epi32(v, 4), _mm512_set1_epi8(0x0f));
-        }
-        _mm512_store_si512(dst + k, v);
+      if (row >= full) {  // a GGUF row
+        const __m512i scales = offsets, quants = _mm512_add_epi32(offsets, _mm512_set1_epi32(kScaleBytes));
+        gather_group<Q8>(w + row * row_bytes + g * kGroup * bytes, scales, quants, 4, true, n, dst);
+        continue;
       }
-      const __m512i halves = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), real, offsets, base, 1);
-      _mm512_store_ps(reinterpret_cast<float*>(dst + 8), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(halves)));
+      alignas(64) int32_t scale_at[kGroup] = {}, quant_at[kGroup] = {};
+      const int64_t lane = row % block::kGroupRows;
+      for (int64_t i = 0; i < n; ++i) {
+        const auto at = block::rows16_block(g * kGroup + i, blocks, bytes);
+        scale_at[i] = static_cast<int32_t>(at.scales + 2 * lane);
+        quant_at[i] = static_cast<int32_t>(at.quants + 4 * lane);
+      }
+      gather_group<Q8>(w + (row - lane) * row_bytes, _mm512_load_si512(scale_at), _mm512_load_si512(quant_at), 64,
+                       false, n, dst);
     }
   }
 }
@@ -542,14 +567,11 @@ TP_AVX512 void prefill_rows_tokens(const __m512i* packed, const GroupedTokens& x
 
 /// Output rows [row_begin, row_end) for every token; y[t * out_features + o]. Tokens in chunks whose
 /// activations stay in L2; per chunk, each tile of rows rearranged once and used for every token.
-/// kRows16 weights are first unpacked, a tile of rows at a time, into GGUF rows.
 template <bool Q8>
-TP_AVX512 void prefill_rows_avx512(const uint8_t* w, int64_t row_bytes, int64_t blocks, QuantLayout layout,
+TP_AVX512 void prefill_rows_avx512(const uint8_t* w, int64_t blocks, QuantLayout layout,
                                    const GroupedTokens& x, int64_t tokens, int64_t row_begin, int64_t row_end, float* y,
                                    int64_t out_features, const float* bias) {
   const int64_t groups = x.groups;
-  const bool packed_rows = layout == QuantLayout::kRows16;
-  std::vector<uint8_t> unpacked(packed_rows ? kTileRows * row_bytes : 0);
   std::vector<uint8_t> buffer(kTileRows * groups * kGroupWeightRegs * sizeof(__m512i) + 64);
   const auto aligned = (reinterpret_cast<std::uintptr_t>(buffer.data()) + 63) & ~std::uintptr_t{63};
   __m512i* packed = reinterpret_cast<__m512i*>(aligned);
@@ -559,13 +581,7 @@ TP_AVX512 void prefill_rows_avx512(const uint8_t* w, int64_t row_bytes, int64_t 
     const int64_t t1 = std::min(tokens, t0 + chunk);
     for (int64_t o = row_begin; o < row_end; o += kTileRows) {
       const int nrows = static_cast<int>(std::min<int64_t>(kTileRows, row_end - o));
-      const uint8_t* tile = w + o * row_bytes;
-      if (packed_rows) {
-        block::unpack_rows16(Q8 ? QuantFormat::kQ8_0 : QuantFormat::kQ4_0, w, out_features, blocks, o, nrows,
-                             unpacked.data());
-        tile = unpacked.data();
-      }
-      group_rows_avx512<Q8>(tile, row_bytes, nrows, blocks, packed);
+      group_rows_avx512<Q8>(w, layout, out_features, o, nrows, blocks, packed);
       const float* b = bias ? bias + o : nullptr;
       switch (nrows) {
         case 4: prefill_rows_tokens<Q8, 4>(packed, x, t0, t1, y + o, out_features, b); break;
@@ -705,9 +721,9 @@ at::Tensor linear_avx512(QuantFormat format, QuantLayout layout, const float* sr
   const GroupedTokens x{groups, xq, dx, init};
   for_rows([&](int64_t row_begin, int64_t row_end) {
     if (q8) {
-      prefill_rows_avx512<true>(w, row_bytes, blocks, layout, x, tokens, row_begin, row_end, y, out_features, bias);
+      prefill_rows_avx512<true>(w, blocks, layout, x, tokens, row_begin, row_end, y, out_features, bias);
     } else {
-      prefill_rows_avx512<false>(w, row_bytes, blocks, layout, x, tokens, row_begin, row_end, y, out_features, bias);
+      prefill_rows_avx512<false>(w, blocks, layout, x, tokens, row_begin, row_end, y, out_features, bias);
     }
   });
   return out;

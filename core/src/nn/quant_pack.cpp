@@ -51,6 +51,32 @@ void check_blocks(QuantFormat format, const at::Tensor& t, const std::string& na
   }
 }
 
+/// Rows [row, row + nrows) of a kRows16 matrix of `rows` rows as GGUF rows, into `dst`.
+void unpack_rows16(QuantFormat format, const uint8_t* matrix, int64_t rows, int64_t blocks, int64_t row,
+                   int64_t nrows, uint8_t* dst) {
+  const bool q8 = format == QuantFormat::kQ8_0;
+  const int64_t bytes = bytes_of(format), row_bytes = blocks * bytes, full = rows / kGroupRows * kGroupRows;
+  for (int64_t r = row; r < row + nrows; ++r, dst += row_bytes) {
+    if (r >= full) {
+      std::memcpy(dst, matrix + r * row_bytes, row_bytes);
+      continue;
+    }
+    const uint8_t* group = matrix + (r / kGroupRows) * kGroupRows * row_bytes;
+    const int64_t lane = r % kGroupRows;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const Rows16Block at = rows16_block(b, blocks, bytes);
+      uint8_t* out = dst + b * bytes;
+      std::memcpy(out, group + at.scales + 2 * lane, kScaleBytes);
+      for (int64_t k = 0; k < (bytes - kScaleBytes) / 4; ++k) {
+        uint32_t word = 0;
+        std::memcpy(&word, group + at.quants + 64 * k + 4 * lane, 4);
+        if (q8) word ^= kQ8Flip;
+        std::memcpy(out + kScaleBytes + 4 * k, &word, 4);
+      }
+    }
+  }
+}
+
 // A fresh uint8 tensor; from 2 MiB on in transparent huge pages where the kernel allows them. A model's
 // packed weights are written once at load, and on this kind of VM faulting in 4 KiB pages made packing
 // 205 MB take 0.6 s against 0.02 s in huge pages (measured; ordinary pages come back when the kernel
@@ -94,30 +120,6 @@ at::Tensor convert(QuantFormat format, bool pack, const at::Tensor& from, const 
 
 }  // namespace
 
-void unpack_rows16(QuantFormat format, const uint8_t* matrix, int64_t rows, int64_t blocks, int64_t row,
-                   int64_t nrows, uint8_t* dst) {
-  const bool q8 = format == QuantFormat::kQ8_0;
-  const int64_t bytes = bytes_of(format), row_bytes = blocks * bytes, full = rows / kGroupRows * kGroupRows;
-  for (int64_t r = row; r < row + nrows; ++r, dst += row_bytes) {
-    if (r >= full) {
-      std::memcpy(dst, matrix + r * row_bytes, row_bytes);
-      continue;
-    }
-    const uint8_t* group = matrix + (r / kGroupRows) * kGroupRows * row_bytes;
-    const int64_t lane = r % kGroupRows;
-    for (int64_t b = 0; b < blocks; ++b) {
-      const Rows16Block at = rows16_block(b, blocks, bytes);
-      uint8_t* out = dst + b * bytes;
-      std::memcpy(out, group + at.scales + 2 * lane, kScaleBytes);
-      for (int64_t k = 0; k < (bytes - kScaleBytes) / 4; ++k) {
-        uint32_t word = 0;
-        std::memcpy(&word, group + at.quants + 64 * k + 4 * lane, 4);
-        if (q8) word ^= kQ8Flip;
-        std::memcpy(out + kScaleBytes + 4 * k, &word, 4);
-      }
-    }
-  }
-}
 
 }  // namespace block
 
