@@ -180,6 +180,9 @@ TEST_CASE("kRows16 packing is a bijection on any bytes and lays blocks out as do
         }
       }
     }
+    // Over 2 MiB: the packed copy is mapped in huge pages (base/huge_pages.h).
+    const auto large = at::randint(0, 256, {1024, 96 * bytes}, at::kByte);
+    CHECK(at::equal(unpack_blocks(format, pack_blocks(format, large, "large"), "large"), large));
     // 3-D experts: each matrix by itself.
     const auto experts = at::randint(0, 256, {3, 20, 2 * bytes}, at::kByte);
     const auto packed = pack_blocks(format, experts, "experts");

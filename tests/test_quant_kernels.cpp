@@ -54,8 +54,10 @@ TEST_CASE("quantized products equal the float product of the dequantized weights
   at::manual_seed(11);
   for (const auto format : {QuantFormat::kQ8_0, QuantFormat::kQ4_0}) {
     // Row and token counts around the AVX-512 kernel's 4 x 4 tiles; 32 and 96 give an odd block count.
-    for (const int64_t rows : {1, 3, 6, 17, 257}) {
-      for (const int64_t in : {32, 96, 768}) {
+    // 32 and 257 rows make whole groups of 16 (kRows16) without and with a bias; 544 inputs are 17
+    // blocks, an odd last block in a second group of 16 blocks (prefill).
+    for (const int64_t rows : {1, 3, 6, 17, 32, 257}) {
+      for (const int64_t in : {32, 96, 544, 768}) {
         for (const int64_t tokens : {1, 2, 3, 5, 17}) {
           const auto w = at::randn({rows, in}) * 0.05;
           const auto blocks = torchpatch::nn::quantize(format, w, "w");
@@ -90,25 +92,29 @@ TEST_CASE("quantized products equal the float product of the dequantized weights
 
 TEST_CASE("a quantized product is the same with one thread and with two", "[quant][kernels]") {
   at::manual_seed(12);
-  const auto w = at::randn({301, 256});
+  // 1040 x 1024 weights are over the size a single token's product splits across threads at.
+  const auto small = at::randn({301, 256}), large = at::randn({1040, 1024});
   const int previous = at::get_num_threads();
   for (const auto kernel : {QuantKernel::kScalar, QuantKernel::kAvx2, QuantKernel::kAvx512}) {
     if (!torchpatch::nn::quant_kernel_available(kernel)) continue;
     KernelChoice choice(kernel);
     for (const auto format : {QuantFormat::kQ8_0, QuantFormat::kQ4_0}) {
-      const auto blocks = torchpatch::nn::quantize(format, w, "w");
-      const auto packed = torchpatch::nn::pack_blocks(format, blocks, "w");
-      for (const int64_t tokens : {1, 3, 9}) {  // decoding, and tiles of tokens
-        const auto x = at::randn({tokens, 256});
-        for (const auto layout : {QuantLayout::kBlocks, QuantLayout::kRows16}) {
-          const auto& weights = layout == QuantLayout::kBlocks ? blocks : packed;
-          at::set_num_threads(1);
-          const auto one = torchpatch::nn::quant_linear(format, x, weights, 301, {}, layout);
-          at::set_num_threads(2);
-          const auto two = torchpatch::nn::quant_linear(format, x, weights, 301, {}, layout);
-          INFO(torchpatch::nn::format_name(format) << " kernel " << static_cast<int>(kernel) << " tokens " << tokens
-                                                   << " layout " << static_cast<int>(layout));
-          CHECK(at::equal(one, two));
+      for (const auto& w : {small, large}) {
+        const auto blocks = torchpatch::nn::quantize(format, w, "w");
+        const auto packed = torchpatch::nn::pack_blocks(format, blocks, "w");
+        const int64_t rows = w.size(0), in = w.size(1);
+        for (const int64_t tokens : {1, 3, 9}) {  // decoding, and tiles of tokens
+          const auto x = at::randn({tokens, in});
+          for (const auto layout : {QuantLayout::kBlocks, QuantLayout::kRows16}) {
+            const auto& weights = layout == QuantLayout::kBlocks ? blocks : packed;
+            at::set_num_threads(1);
+            const auto one = torchpatch::nn::quant_linear(format, x, weights, rows, {}, layout);
+            at::set_num_threads(2);
+            const auto two = torchpatch::nn::quant_linear(format, x, weights, rows, {}, layout);
+            INFO(torchpatch::nn::format_name(format) << " kernel " << static_cast<int>(kernel) << " tokens " << tokens
+                                                     << " layout " << static_cast<int>(layout));
+            CHECK(at::equal(one, two));
+          }
         }
       }
     }

@@ -1,6 +1,4 @@
 // The tensor operations of weight conversion, each with its reverse.
-#include <sys/mman.h>
-
 #include <cstdint>
 
 #include <ATen/ATen.h>
@@ -8,29 +6,13 @@
 
 #include "torchpatch/checkpoint/conversion.h"
 #include "torchpatch/error.h"
+#include "base/huge_pages.h"
 
 namespace torchpatch::checkpoint {
 
 ConversionOp::~ConversionOp() = default;
 
 namespace {
-
-// Conversion outputs are large and written once. Back them by transparent huge pages where the
-// kernel offers them: one page fault per 2 MiB instead of per 4 KiB, which is most of the cost of
-// a conversion on machines where faults are slow.
-at::Tensor empty_for_output(at::IntArrayRef sizes, const at::TensorOptions& options) {
-  constexpr std::size_t kHuge = std::size_t{2} << 20;
-  int64_t numel = 1;
-  for (auto s : sizes) numel *= s;
-  const std::size_t bytes = static_cast<std::size_t>(numel) * options.dtype().itemsize();
-  if (bytes < 2 * kHuge) return at::empty(sizes, options);
-  const std::size_t length = (bytes + kHuge - 1) / kHuge * kHuge + kHuge;  // room to align the start
-  void* base = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (base == MAP_FAILED) return at::empty(sizes, options);
-  auto* start = reinterpret_cast<char*>((reinterpret_cast<std::uintptr_t>(base) + kHuge - 1) / kHuge * kHuge);
-  ::madvise(start, length - static_cast<std::size_t>(start - static_cast<char*>(base)), MADV_HUGEPAGE);
-  return at::from_blob(start, sizes, [base, length](void*) { ::munmap(base, length); }, options);
-}
 
 // A dimension checked against a rank (negative counts from the end), or an Error naming the op.
 int64_t checked_dim(int64_t dim, int64_t rank, const std::string& op) {
@@ -86,7 +68,7 @@ class ConcatenateOp : public ConversionOp {
       if (t.dim() != all.front().dim()) throw fail();
     }
     try {
-      auto out = empty_for_output(cat_sizes(all, dim), all.front().options());
+      auto out = base::empty_in_huge_pages(cat_sizes(all, dim), all.front().options());
       return {{targets[0], {at::cat_out(out, all, dim)}}};
     } catch (const c10::Error&) {
       throw fail();
@@ -152,7 +134,7 @@ class MergeModulelistOp : public ConversionOp {
       try {
         std::vector<int64_t> sizes(tensors.front().sizes().begin(), tensors.front().sizes().end());
         sizes.insert(sizes.begin() + dim, static_cast<int64_t>(tensors.size()));
-        auto stacked = empty_for_output(sizes, tensors.front().options());
+        auto stacked = base::empty_in_huge_pages(sizes, tensors.front().options());
         out.push_back({inputs.size() == 1 ? targets.at(0) : pattern, {at::stack_out(stacked, tensors, dim)}});
       } catch (const c10::Error&) {
         throw Error(fmt::format("{}: shapes {} cannot be stacked", name(), shapes(tensors)));

@@ -42,8 +42,8 @@ TORCHPATCH_API at::Tensor quantize(QuantFormat format, const at::Tensor& weight,
 /// d * (q - 8) (Q4_0). Refuses, naming `name`, anything but uint8 rows of whole blocks.
 TORCHPATCH_API at::Tensor dequantize(QuantFormat format, const at::Tensor& blocks, const std::string& name);
 
-/// How a weight's blocks lie in memory. Both hold the same bytes in the same tensor shape
-/// [..., rows, in / 32 * block_bytes]; each matrix (the last two dimensions) is laid out by itself.
+/// How a weight's blocks lie in memory. Both take the same tensor shape [..., rows, in / 32 *
+/// block_bytes] and size; each matrix (the last two dimensions) is laid out by itself.
 enum class QuantLayout {
   kBlocks,  ///< GGUF's: row after row, each row's blocks in order (what checkpoints hold)
   kRows16,  ///< rows in groups of 16, each group's blocks interleaved so that one 64-byte load feeds all
@@ -88,8 +88,9 @@ TORCHPATCH_API bool quant_kernel_available(QuantKernel kernel);
 
 /// y = x W^T + bias for x float32 [..., in] and W's blocks uint8 [out_features, in / 32 * block_bytes]
 /// laid out as `layout` says: float32 [..., out_features]. Output rows are split across the intra-op
-/// threads. The AVX-512 kernel decodes kRows16 16 rows at a time; the other kernels, and AVX-512's
-/// prefill, read kRows16 through a GGUF copy (the same results as from kBlocks, bit for bit).
+/// threads. The AVX-512 kernel decodes kRows16 16 rows at a time and gathers its prefill tiles from
+/// it; the scalar and AVX2 kernels read an unpacked copy. Only AVX-512 decoding adds in another order
+/// than from kBlocks: every other path gives the same results bit for bit.
 TORCHPATCH_API at::Tensor quant_linear(QuantFormat format, const at::Tensor& x, const at::Tensor& blocks,
                                        int64_t out_features, const at::Tensor& bias = {},
                                        QuantLayout layout = QuantLayout::kBlocks);
