@@ -196,6 +196,27 @@ TEST_CASE("a quantized model saves as blocks and loads back bit for bit", "[quan
   }
 }
 
+TEST_CASE("quantized experts stored fused under the module's names load laid out as per expert", "[quant][checkpoint]") {
+  const auto model = load_case("qwen2_moe_basic", quantized("q4_0"));
+  testutil::ScratchDir dir("quantized-fused-experts");
+  checkpoint::save_pretrained(*model, dir.path);
+  // The same checkpoint with each layer's experts as the module's own fused [E, ...] block tensors.
+  const auto saved = checkpoint::Checkpoint::open(dir.path);
+  std::vector<std::pair<std::string, at::Tensor>> items;
+  for (const auto& key : saved.keys()) {
+    if (key.find(".mlp.experts.") == std::string::npos) items.emplace_back(key, saved.tensor(key).clone());
+  }
+  for (const auto& [name, value] : model->named_parameters().pairs()) {
+    if (name.find(".mlp.experts.") != std::string::npos) items.emplace_back(name, gguf_blocks(*model, name, QuantFormat::kQ4_0));
+  }
+  checkpoint::save_safetensors(dir.path / "model.safetensors", items, {{"format", "pt"}});
+  const auto fused = load_case(dir.path.string());
+  const std::string key = "model.layers.1.mlp.experts.gate_up_proj";
+  CHECK(at::equal(parameter(*fused, key), parameter(*model, key)));  // laid out as the per-expert load
+  const auto ref = reference("qwen2_moe_basic");
+  CHECK(at::equal(batch_logits(*fused, *ref), batch_logits(*model, *ref)));
+}
+
 TEST_CASE("save --dequantize writes the float hub layout", "[quant][checkpoint]") {
   const auto model = load_case("llama_basic", quantized("q8_0"));
   testutil::ScratchDir dir("quantized-dequantize");

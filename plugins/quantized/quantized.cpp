@@ -231,13 +231,17 @@ class QuantizedExperts : public torchpatch::roles::Experts {
   torchpatch::nn::Activation act_ = torchpatch::nn::Activation::kSilu;
 };
 
-// The hub's per-expert weights, stacked and quantized (the family's fusing rules, then Quantize).
+// The hub's per-expert weights, stacked and quantized (the family's fusing rules, then Quantize);
+// tensors already fused under the module's own names ([E, ...], float or blocks) are quantized and
+// laid out too. Saving takes the first rule that matches a parameter: per expert.
 checkpoint::ConversionRules experts_rules(QuantFormat format) {
   using namespace checkpoint;
   return {WeightConverter{{"*.gate_proj.weight", "*.up_proj.weight"},
                           {"gate_up_proj"},
                           {MergeModulelist(0), Concatenate(1), quantize_op(format), repack_op(format)}},
-          WeightConverter{{"*.down_proj.weight"}, {"down_proj"}, {MergeModulelist(0), quantize_op(format), repack_op(format)}}};
+          WeightConverter{{"*.down_proj.weight"}, {"down_proj"}, {MergeModulelist(0), quantize_op(format), repack_op(format)}},
+          WeightConverter{{"gate_up_proj"}, {"gate_up_proj"}, {quantize_op(format), repack_op(format)}},
+          WeightConverter{{"down_proj"}, {"down_proj"}, {quantize_op(format), repack_op(format)}}};
 }
 
 // -- the "ggml" quantization method --------------------------------------------------------------------
