@@ -202,7 +202,9 @@ TEST_CASE("a rank killed mid-run: the others stop with a message naming it, and 
   REQUIRE(code);
   CHECK(*code != 0);
   CHECK_THAT(launcher.output(), Contains("rank 1 of 2 was killed by signal 9"));
-  CHECK_THAT(launcher.output(), Contains("rank 0 of 2: all-reduce failed"));
+  // Rank 0 is in a layer's all-reduce or in the broadcast of the step's token when its peer goes.
+  CHECK_THAT(launcher.output(),
+             Contains("rank 0 of 2: all-reduce failed") || Contains("rank 0 of 2: broadcast failed"));
   CHECK(std::chrono::steady_clock::now() - killed < std::chrono::seconds(30));
   for (const auto& [rank, pid] : ranks) CHECK(gone(pid));
 }

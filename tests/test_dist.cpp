@@ -50,14 +50,18 @@ struct ScopedEnv {
 }  // namespace
 
 // One rank, started by run_ranks: joins from the launcher variables and checks each collective
-// against what every rank contributed. TORCHPATCH_TEST_DIE_RANK=r: rank r exits right after joining.
+// against what every rank contributed. TORCHPATCH_TEST_DIE_RANK=r: rank r exits once the group has
+// formed (after a barrier every rank passes), before the first all-reduce.
 TEST_CASE("dist rank", "[.dist-rank]") {
   auto options = torchpatch::dist::options_from_environment();
   REQUIRE(options);
   options->timeout = std::chrono::milliseconds(10000);
   const auto group = ProcessGroup::join(*options);
   const int rank = group->rank(), world = group->size();
-  if (const char* die = std::getenv("TORCHPATCH_TEST_DIE_RANK"); die && std::atoi(die) == rank) std::_Exit(3);
+  if (const char* die = std::getenv("TORCHPATCH_TEST_DIE_RANK")) {
+    group->barrier();  // the group has formed on every rank: the rank dies mid-run, not while joining
+    if (std::atoi(die) == rank) std::_Exit(3);
+  }
 
   auto sum = at::full({5}, static_cast<float>(rank + 1));
   group->all_reduce_sum(sum);
