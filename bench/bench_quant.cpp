@@ -151,7 +151,9 @@ int main(int argc, char** argv) {
           copies_packed[i] = packed.clone();
         }
         const double q_bytes = static_cast<double>(blocks.numel());
-        for (const auto& [kernel, layout] : variants) {
+        for (const auto& variant : variants) {
+          const QuantKernel kernel = variant.first;  // (named copies: lambdas cannot capture bindings in C++17)
+          const QuantLayout layout = variant.second;
           const bool rows16 = layout == QuantLayout::kRows16;
           const auto& weights = rows16 ? copies_packed : copies_q;
           const auto previous = torchpatch::nn::set_quant_kernel(kernel);
