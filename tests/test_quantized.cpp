@@ -321,6 +321,20 @@ TEST_CASE("cli: --quantize on run, plan and save", "[quant][cli]") {
   CHECK(strict.code == 1);
   CHECK_THAT(strict.out, Contains("FAIL"));
 
+  // bench on a quantized MoE checkpoint: the float expert variants and the quantized variants would not
+  // fit its blocks, so only the model as built (and its BLAS variant) is measured.
+  testutil::ScratchDir moe("cli-quantized-moe");
+  REQUIRE(torchpatch_cli("save --model " + (testutil::data_dir() / "qwen2_moe_basic").string() +
+                         " --quantize q4_0 --out " + moe.path.string())
+              .code == 0);
+  const auto bench = torchpatch_cli("bench --model " + moe.path.string() +
+                                    " --prompt-len 8 --decode-tokens 2 --repeats 1 --no-fused --json");
+  INFO(bench.out);
+  REQUIRE(bench.code == 0);
+  const auto report = nlohmann::json::parse(bench.out);
+  REQUIRE(report["results"].size() == 2);
+  CHECK(report["results"][1]["variant"] == "built-in, BLAS sgemv");
+
   const auto bad = torchpatch_cli("run --model " + testutil::llama_dir() + " --prompt-ids 1 --quantize q3_k");
   CHECK(bad.code != 0);
   CHECK_THAT(bad.out, Contains("--quantize: 'q3_k' is not one of q8_0, q4_0"));

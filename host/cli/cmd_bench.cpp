@@ -132,6 +132,15 @@ std::string key_of(const PretrainedModel& model, const std::string& suffix) {
   return "";
 }
 
+// Quantized weights are held as uint8 blocks. A model built quantized (from a quantized checkpoint or
+// with --quantize) has no float experts for the float variants to take over.
+bool holds_blocks(const PretrainedModel& model) {
+  for (const auto& p : model.parameters()) {
+    if (p.scalar_type() == at::kByte) return true;
+  }
+  return false;
+}
+
 // The benchmark's baseline for MoE: every expert runs on every token, weighted by the routing
 // (zero for experts not chosen), one expert after another.
 class NaiveAllExperts : public nn::FusedExperts {
@@ -166,13 +175,14 @@ void measure_variants(PluginHost& host, BuiltModel& built, const Args& args, con
   // In a group the parallel classes hold the attention, MLP and experts keys: the variants that replace
   // them would measure a model that is not split.
   const bool in_group = process_group() != nullptr;
+  const bool quantized = holds_blocks(*built.model);
   if (fused && !args.flag("no-fused") && !args.has("patch") && !key.empty() && !in_group) {
     built.model.reset();  // one model in memory at a time
     ScopedPatchMapping patch({{key, *fused}}, false, host.registries().patches());
     BuiltModel patched = build_model(host, Args(specs, forwarded));
     results.push_back(measure("FusedQKVAttention", *patched.model, run.prompt_len, run.decode_tokens, run.repeats));
   }
-  if (!experts_key.empty() && !args.has("patch") && !args.has("experts") && !in_group) {
+  if (!experts_key.empty() && !args.has("patch") && !args.has("experts") && !in_group && !quantized) {
     built.model.reset();
     auto eager_argv = forwarded;
     eager_argv.insert(eager_argv.end(), {"--experts", "eager"});
@@ -190,7 +200,7 @@ void measure_variants(PluginHost& host, BuiltModel& built, const Args& args, con
   }
   // Quantized: every projection and the experts in GGUF's blocks, built from the same float weights.
   if (host.registries().families().quantization_method("ggml") && !args.has("quantize") && !args.flag("no-quantized") &&
-      !in_group) {
+      !in_group && !quantized) {
     for (const char* format : {"q8_0", "q4_0"}) {
       built.model.reset();
       auto quantized_argv = forwarded;
