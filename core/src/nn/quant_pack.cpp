@@ -21,19 +21,22 @@ namespace {
 
 constexpr uint32_t kQ8Flip = 0x80808080u;  // int8 w -> unsigned w + 128, and back
 
-/// One group of 16 GGUF rows (`rows`) into kRows16 (`group`).
-void pack_group(bool q8, const uint8_t* rows, int64_t blocks, uint8_t* group) {
+/// One group of 16 rows between GGUF rows (`rows`) and kRows16 (`group`): into `group` when packing,
+/// out of it otherwise. Both hold the same 16 * blocks * bytes bytes.
+void convert_group(bool q8, bool pack, const uint8_t* from, int64_t blocks, uint8_t* to) {
   const int64_t bytes = q8 ? kQ8_0Bytes : kQ4_0Bytes, row_bytes = blocks * bytes;
   for (int64_t b = 0; b < blocks; ++b) {
     const Rows16Block at = rows16_block(b, blocks, bytes);
     for (int64_t r = 0; r < kGroupRows; ++r) {
-      const uint8_t* in = rows + r * row_bytes + b * bytes;
-      std::memcpy(group + at.scales + 2 * r, in, kScaleBytes);
+      const int64_t row_at = r * row_bytes + b * bytes;     // the block in GGUF rows
+      const int64_t scale_at = at.scales + 2 * r;           // its scale in the group
+      std::memcpy(to + (pack ? scale_at : row_at), from + (pack ? row_at : scale_at), kScaleBytes);
       for (int64_t k = 0; k < (bytes - kScaleBytes) / 4; ++k) {
+        const int64_t word_in_row = row_at + kScaleBytes + 4 * k, word_in_group = at.quants + 64 * k + 4 * r;
         uint32_t word = 0;
-        std::memcpy(&word, in + kScaleBytes + 4 * k, 4);
+        std::memcpy(&word, from + (pack ? word_in_row : word_in_group), 4);
         if (q8) word ^= kQ8Flip;
-        std::memcpy(group + at.quants + 64 * k + 4 * r, &word, 4);
+        std::memcpy(to + (pack ? word_in_group : word_in_row), &word, 4);
       }
     }
   }
@@ -45,32 +48,6 @@ void check_blocks(QuantFormat format, const at::Tensor& t, const std::string& na
     throw InputError(fmt::format("tensor '{}': {} blocks to lay out are uint8 matrices of whole {}-byte blocks, not {} {}",
                                  name, format_name(format), block_bytes(format), c10::toString(t.scalar_type()),
                                  fmt::join(t.sizes(), "x")));
-  }
-}
-
-/// Rows [row, row + nrows) of a kRows16 matrix of `rows` rows as GGUF rows, into `dst`.
-void unpack_rows16(QuantFormat format, const uint8_t* matrix, int64_t rows, int64_t blocks, int64_t row,
-                   int64_t nrows, uint8_t* dst) {
-  const bool q8 = format == QuantFormat::kQ8_0;
-  const int64_t bytes = bytes_of(format), row_bytes = blocks * bytes, full = rows / kGroupRows * kGroupRows;
-  for (int64_t r = row; r < row + nrows; ++r, dst += row_bytes) {
-    if (r >= full) {
-      std::memcpy(dst, matrix + r * row_bytes, row_bytes);
-      continue;
-    }
-    const uint8_t* group = matrix + (r / kGroupRows) * kGroupRows * row_bytes;
-    const int64_t lane = r % kGroupRows;
-    for (int64_t b = 0; b < blocks; ++b) {
-      const Rows16Block at = rows16_block(b, blocks, bytes);
-      uint8_t* out = dst + b * bytes;
-      std::memcpy(out, group + at.scales + 2 * lane, kScaleBytes);
-      for (int64_t k = 0; k < (bytes - kScaleBytes) / 4; ++k) {
-        uint32_t word = 0;
-        std::memcpy(&word, group + at.quants + 64 * k + 4 * lane, 4);
-        if (q8) word ^= kQ8Flip;
-        std::memcpy(out + kScaleBytes + 4 * k, &word, 4);
-      }
-    }
   }
 }
 
@@ -90,10 +67,8 @@ at::Tensor convert(QuantFormat format, bool pack, const at::Tensor& from, const 
     for (int64_t i = begin; i < end; ++i) {
       const int64_t matrix = (i / groups) * rows * row_bytes, row = (i % groups) * kGroupRows;
       const int64_t n = std::min(kGroupRows, rows - row), offset = matrix + row * row_bytes;
-      if (!pack) {
-        unpack_rows16(format, in + matrix, rows, blocks, row, n, out + offset);
-      } else if (n == kGroupRows) {
-        pack_group(format == QuantFormat::kQ8_0, in + offset, blocks, out + offset);
+      if (n == kGroupRows) {
+        convert_group(format == QuantFormat::kQ8_0, pack, in + offset, blocks, out + offset);
       } else {
         std::memcpy(out + offset, in + offset, n * row_bytes);
       }
