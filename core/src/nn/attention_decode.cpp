@@ -8,9 +8,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "base/x86_intrinsics.h"
 
 namespace torchpatch::nn {
 

@@ -1,8 +1,9 @@
 // Decoding one token reads every weight once, so its speed is memory bandwidth. OpenBLAS's sgemv
-// keeps few loads in flight and reaches about half of what one core can stream here; these kernels
-// walk four rows at once and prefetch the next four, which keeps the memory system busy. Four rows
-// read about 0.95 of a plain sum over the same bytes on the benchmark machine, eight rows 0.85 and
-// one row 0.9 (docs/quantization.md, "The decode step").
+// keeps few loads in flight and reaches about half of what one core can stream here. These kernels
+// take one row at a time with four independent accumulators: consecutive rows are one sequential
+// stream, the case the hardware prefetcher serves best. In the whole model that beat four rows at a
+// time with software prefetch (four streams) by 8-10% at one thread and 15-30% at two
+// (docs/quantization.md, "The decode step").
 #include "nn/gemv.h"
 
 #include <algorithm>
@@ -10,9 +11,7 @@
 
 #include <ATen/Parallel.h>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "base/x86_intrinsics.h"
 
 namespace torchpatch::nn {
 
@@ -20,63 +19,40 @@ namespace torchpatch::nn {
 
 namespace {
 
-constexpr int kRows = 4;             // rows per block: four independent accumulators
-constexpr int64_t kPrefetchBytes = 2048;  // how far past the next block's matching line to prefetch
+constexpr int64_t kRowsPerTask = 128;  // 384 KiB of weights at k = 768
 
-// ROWS consecutive rows of W times x. ROWS is a compile-time constant so the accumulators stay in
-// registers and the row loop unrolls.
-template <int ROWS>
-__attribute__((target("avx512f"))) void rows_avx512(const float* w, const float* x, float* y, int64_t k,
-                                                     const char* next) {
-  __m512 acc[ROWS];
-  for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_setzero_ps();
+// One row of W times x.
+__attribute__((target("avx512f"))) float row_avx512(const float* w, const float* x, int64_t k) {
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps(), acc3 = _mm512_setzero_ps();
   int64_t i = 0;
-  for (; i + 16 <= k; i += 16) {
-    const __m512 xv = _mm512_loadu_ps(x + i);
-    for (int r = 0; r < ROWS; ++r) {
-      acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(w + r * k + i), xv, acc[r]);
-      _mm_prefetch(next + (r * k + i) * 4, _MM_HINT_T0);
-    }
+  for (; i + 64 <= k; i += 64) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(x + i + 16), acc1);
+    acc2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 32), _mm512_loadu_ps(x + i + 32), acc2);
+    acc3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 48), _mm512_loadu_ps(x + i + 48), acc3);
   }
-  if (i < k) {
-    const __mmask16 tail = static_cast<__mmask16>((1u << (k - i)) - 1);
-    const __m512 xv = _mm512_maskz_loadu_ps(tail, x + i);
-    for (int r = 0; r < ROWS; ++r) acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, w + r * k + i), xv, acc[r]);
+  for (; i < k; i += 16) {
+    const __mmask16 m = k - i >= 16 ? 0xffff : static_cast<__mmask16>((1u << (k - i)) - 1);
+    acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w + i), _mm512_maskz_loadu_ps(m, x + i), acc0);
   }
-  for (int r = 0; r < ROWS; ++r) y[r] = _mm512_reduce_add_ps(acc[r]);
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
 }
 
-template <int ROWS>
-__attribute__((target("avx2,fma"))) void rows_avx2(const float* w, const float* x, float* y, int64_t k,
-                                                  const char* next) {
-  __m256 acc[ROWS];
-  for (int r = 0; r < ROWS; ++r) acc[r] = _mm256_setzero_ps();
+__attribute__((target("avx2,fma"))) float row_avx2(const float* w, const float* x, int64_t k) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
   int64_t i = 0;
-  for (; i + 16 <= k; i += 16) {  // two vectors per step: one prefetch per 64-byte line
-    const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
-    for (int r = 0; r < ROWS; ++r) {
-      acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(w + r * k + i), x0, acc[r]);
-      acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(w + r * k + i + 8), x1, acc[r]);
-      _mm_prefetch(next + (r * k + i) * 4, _MM_HINT_T0);
-    }
+  for (; i + 32 <= k; i += 32) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), acc1);
+    acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 16), _mm256_loadu_ps(x + i + 16), acc2);
+    acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 24), _mm256_loadu_ps(x + i + 24), acc3);
   }
-  for (int r = 0; r < ROWS; ++r) {
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, acc[r]);
-    float sum = 0;
-    for (float lane : lanes) sum += lane;
-    for (int64_t j = i; j < k; ++j) sum += w[r * k + j] * x[j];
-    y[r] = sum;
-  }
-}
-
-template <int ROWS>
-void rows(bool wide, const float* w, const float* x, float* y, int64_t k, const char* next) {
-  if (wide) {
-    rows_avx512<ROWS>(w, x, y, k, next);
-  } else {
-    rows_avx2<ROWS>(w, x, y, k, next);
-  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
+  float sum = 0;
+  for (float lane : lanes) sum += lane;
+  for (; i < k; ++i) sum += w[i] * x[i];
+  return sum;
 }
 
 }  // namespace
@@ -93,24 +69,9 @@ DecodeKernel resolve_decode_kernel(DecodeKernel choice) {
 }
 
 void fast_gemv(DecodeKernel kernel, const float* w, const float* x, float* y, int64_t n, int64_t k) {
-  const int64_t blocks = (n + kRows - 1) / kRows;
-  const bool wide = kernel == DecodeKernel::kAvx512;
-  const auto end_of_weight = reinterpret_cast<std::uintptr_t>(w + n * k);
-  // Each thread takes whole blocks of rows, 32 blocks at least: 128 rows, 384 KiB of weights at k = 768.
-  at::parallel_for(0, blocks, 32, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t row = b * kRows;
-      const float* block = w + row * k;
-      // Prefetch addresses are computed as integers: the last blocks' run past the weight (the
-      // instruction never faults, but pointer arithmetic past an array's end is undefined).
-      const auto ahead = reinterpret_cast<std::uintptr_t>(block) + kRows * k * sizeof(float) + kPrefetchBytes;
-      const char* next = reinterpret_cast<const char*>(ahead < end_of_weight ? ahead : reinterpret_cast<std::uintptr_t>(block));
-      if (row + kRows <= n) {
-        rows<kRows>(wide, block, x, y + row, k, next);
-      } else {
-        for (int64_t r = row; r < n; ++r) rows<1>(wide, w + r * k, x, y + r, k, next);
-      }
-    }
+  const auto row = kernel == DecodeKernel::kAvx512 ? row_avx512 : row_avx2;
+  at::parallel_for(0, n, kRowsPerTask, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) y[r] = row(w + r * k, x, k);
   });
 }
 

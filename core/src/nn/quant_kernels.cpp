@@ -26,13 +26,6 @@
 #include "torchpatch/nn/quant.h"
 
 #include <cpuid.h>
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
-// GCC 12 warns inside its own AVX-512 headers about the placeholder values of _mm512_undefined_*
-// (GCC bug 105593, fixed in 13).
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-#include <immintrin.h>
 
 #include <algorithm>
 #include <atomic>
@@ -45,6 +38,7 @@
 #include <fmt/format.h>
 
 #include "torchpatch/error.h"
+#include "base/x86_intrinsics.h"
 #include "nn/quant_block.h"
 
 namespace torchpatch::nn {
