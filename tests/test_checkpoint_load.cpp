@@ -141,3 +141,29 @@ TEST_CASE("bad inputs to forward are clear errors", "[llama][inputs]") {
   in.attention_mask = at::ones({1, 2}, at::kLong);
   REQUIRE_THROWS_WITH(model->forward(in), Contains("attention_mask: shape 1x2 does not match input_ids 1x3"));
 }
+
+TEST_CASE("weights view the mapped checkpoint, or with copy_mapped memory of their own", "[checkpoint]") {
+  const auto ckpt = checkpoint::Checkpoint::open(testutil::data_dir() / "llama_basic");
+  const auto config = ModelConfig::from_file(testutil::data_dir() / "llama_basic" / "config.json");
+  const auto load = [&](bool copy) {
+    auto model = from_config(config);
+    checkpoint::LoadOptions options;
+    options.copy_mapped = copy;
+    checkpoint::load_weights(*model, ckpt, options);
+    return model;
+  };
+  const auto mapped = load(false), copied = load(true);
+  int64_t views = 0;
+  for (const auto& item : mapped->named_parameters()) views += ckpt.maps(item.value().data_ptr()) ? 1 : 0;
+  CHECK(views == static_cast<int64_t>(mapped->named_parameters().size()));  // float32 in the file: all adopted
+  const auto own = copied->named_parameters();
+  for (const auto& item : own) {
+    INFO(item.key());
+    CHECK_FALSE(ckpt.maps(item.value().data_ptr()));
+    CHECK(at::equal(item.value(), ckpt.tensor(item.key())));
+  }
+  // Copies are the model's own: writing one leaves the checkpoint's bytes as they were.
+  at::NoGradGuard no_grad;
+  own["lm_head.weight"].zero_();
+  CHECK(ckpt.tensor("lm_head.weight").abs().sum().item<double>() > 0);
+}

@@ -100,3 +100,12 @@ TEST_CASE("cli bench prints both ratios", "[cli][bench]") {
     CHECK(row["prefill_fraction_of_matmul_rate"].get<double>() > 0);
   }
 }
+
+TEST_CASE("cli generate --copy-weights generates what the mapped weights do", "[cli][generate]") {
+  const std::string common = "generate --model " + testutil::llama_dir() + " --prompt-ids 1,2,3 --max-new-tokens 6 --ignore-eos --json";
+  const auto mapped = torchpatch_cli(common), copied = torchpatch_cli(common + " --copy-weights");
+  INFO(mapped.out << "\n" << copied.out);
+  REQUIRE(mapped.code == 0);
+  REQUIRE(copied.code == 0);
+  CHECK(nlohmann::json::parse(copied.out)["rows"] == nlohmann::json::parse(mapped.out)["rows"]);
+}

@@ -47,6 +47,8 @@ std::vector<OptionSpec> model_options() {
                 {"keep-float", "PATTERN", "with --quantize: keep the modules whose path matches PATTERN in float "
                                           "(e.g. lm_head, '*.mlp.down_proj')", true},
                 {"experts", "IMPL", "MoE experts implementation: grouped (default) or eager"},
+                {"copy-weights", "", "copy the weights out of the memory-mapped checkpoint into the process's own "
+                                     "memory: a slower load, a faster decode"},
                 {"allow-incomplete", "", "load a checkpoint with missing, unexpected or mismatched tensors and report them"},
                 {"no-memory-check", "", "build a model even if its parameters need more than this machine's memory"}});
   return specs;
@@ -126,6 +128,7 @@ PretrainedOptions pretrained_options(const Args& args, const PluginHost& host) {
   options.strict = !args.flag("allow-incomplete");
   options.reject_non_finite = args.flag("strict");
   options.check_memory = !args.flag("no-memory-check");
+  options.copy_weights = args.flag("copy-weights");
   return options;
 }
 

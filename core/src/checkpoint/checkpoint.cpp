@@ -115,4 +115,8 @@ const TensorInfo& Checkpoint::info(const std::string& key) const { return *file_
 
 at::Tensor Checkpoint::tensor(const std::string& key) const { return file_of(key).tensor(key); }
 
+bool Checkpoint::maps(const void* p) const {
+  return std::any_of(files_.begin(), files_.end(), [p](const auto& file) { return file->maps(p); });
+}
+
 }  // namespace torchpatch::checkpoint

@@ -15,6 +15,7 @@
 #include "torchpatch/printable.h"
 #include "torchpatch/nn/linear.h"
 #include "torchpatch/checkpoint/atomic_file.h"
+#include "base/huge_pages.h"
 #include "checkpoint/directory_swap.h"
 
 namespace torchpatch::checkpoint {
@@ -239,6 +240,7 @@ class WeightLoad {
     }
     report_.strict = options.strict;
     reject_non_finite_ = options.reject_non_finite;
+    copy_mapped_ = options.copy_mapped;
   }
 
   LoadReport run() {
@@ -301,7 +303,12 @@ class WeightLoad {
     }
     if (value.is_floating_point()) count_non_finite(name, value);
     if (value.scalar_type() == param.scalar_type() && value.is_contiguous() && param.is_contiguous()) {
-      param.set_data(value);  // adopt it: a view of the memory-mapped file, or a fresh conversion result
+      if (copy_mapped_ && ckpt_.maps(value.data_ptr())) {
+        auto own = base::empty_in_huge_pages(value.sizes(), value.options());
+        param.set_data(own.copy_(value));
+      } else {
+        param.set_data(value);  // adopt it: a view of the memory-mapped file, or a fresh conversion result
+      }
     } else {
       param.copy_(value);  // another dtype (or layout): convert into the parameter
     }
@@ -390,6 +397,7 @@ class WeightLoad {
   std::map<std::string, std::string> partner_;  // tied names, both ways
   LoadReport report_;
   bool reject_non_finite_ = false;
+  bool copy_mapped_ = false;
   std::vector<std::pair<std::string, std::string>> direct_;  // checkpoint key -> model key
   Groups groups_;
   std::set<std::string> loaded_;

@@ -163,7 +163,8 @@ std::shared_ptr<PretrainedModel> from_pretrained(const std::filesystem::path& di
       }
       if (options.dtype) model->to(*options.dtype);
       auto result = checkpoint::load_weights(
-          *model, weights, checkpoint::LoadOptions{options.strict, &registries.conversions(), options.reject_non_finite});
+          *model, weights, checkpoint::LoadOptions{options.strict, &registries.conversions(), options.reject_non_finite,
+                                           options.copy_weights});
       if (report) *report = std::move(result);
       return model;
     } catch (const Error&) {

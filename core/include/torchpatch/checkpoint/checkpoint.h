@@ -47,6 +47,8 @@ class TORCHPATCH_API Checkpoint {
   /// The tensor, viewing the memory map where it can (see SafetensorsFile::tensor).
   at::Tensor tensor(const std::string& key) const;
   const std::vector<std::shared_ptr<SafetensorsFile>>& files() const { return files_; }
+  /// Whether `p` points into one of its files' mappings.
+  bool maps(const void* p) const;
   /// The directory or file it was opened from.
   const std::filesystem::path& path() const { return path_; }
 

@@ -64,6 +64,10 @@ struct TORCHPATCH_API LoadOptions {
   const ConversionRegistry* conversions = nullptr;
   /// NaN or infinity in a loaded tensor throws CheckpointError (otherwise it is reported).
   bool reject_non_finite = false;
+  /// Parameters get their own memory (transparent huge pages where offered) instead of viewing the
+  /// checkpoint's memory mapping. Loading takes longer and, while it runs, holds the mapped pages and
+  /// the copies; decoding reads the copies faster (docs/quantization.md, "Mapped or copied weights").
+  bool copy_mapped = false;
 };
 
 /// The rules that apply to `model`: its class name's (else its model_type's), then the rules of each

@@ -66,6 +66,11 @@ class TORCHPATCH_API SafetensorsFile : public std::enable_shared_from_this<Safet
   /// Views are copy-on-write (writing to them never changes the file), but the file must not be
   /// rewritten in place or truncated while they live: replace it by rename, as save_safetensors does.
   at::Tensor tensor(const std::string& name) const;
+  /// Whether `p` points into this file's mapping (a view tensor() returned).
+  bool maps(const void* p) const {
+    const auto* byte = static_cast<const uint8_t*>(p);
+    return byte >= data_ && byte < data_ + size_;
+  }
 
  private:
   SafetensorsFile() = default;

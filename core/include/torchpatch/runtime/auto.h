@@ -43,6 +43,9 @@ struct TORCHPATCH_API PretrainedOptions {
   bool check_memory = true;
   /// NaN or infinity in a loaded tensor is an error (otherwise the report lists it).
   bool reject_non_finite = false;
+  /// Copy weights out of the memory-mapped checkpoint (checkpoint::LoadOptions::copy_mapped): a
+  /// slower load, a faster decode.
+  bool copy_weights = false;
 };
 
 /// `config` with `overrides` written over its config.json fields, parsed again by the families of
