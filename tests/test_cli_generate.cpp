@@ -76,6 +76,16 @@ TEST_CASE("cli generate: bad arguments and bad input", "[cli][generate][errors]"
     CHECK(r.code == c.code);
     CHECK_THAT(r.out, Contains(c.message));
   }
+  // Token ids as floats: refused before the model is built.
+  const auto floats = temp_file("float-ids.safetensors");
+  torchpatch::checkpoint::save_safetensors(floats, {{"input_ids", at::ones({1, 3})},
+                                                    {"attention_mask", at::ones({1, 3}, at::kLong)}});
+  const auto r = torchpatch_cli("generate --preset llama-125m --inputs " + floats.string());
+  INFO(r.out);
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Contains("input_ids: expected an integer tensor, got Float"));
+  CHECK_THAT(r.out, !Contains("LlamaForCausalLM"));
+  std::filesystem::remove(floats);
 }
 
 TEST_CASE("cli bench prints both ratios", "[cli][bench]") {

@@ -155,6 +155,10 @@ int cmd_generate(const std::vector<std::string>& argv) {
   // position_ids in an inputs file are not used: generation derives them from attention_mask.
   std::string prompt_read;  // a text prompt as read, echoed when streaming
   const ModelInputs inputs = read_model_inputs(args, tokenizer ? &*tokenizer : nullptr, &prompt_read);
+  if (inputs.input_ids.scalar_type() != at::kLong && inputs.input_ids.scalar_type() != at::kInt) {
+    throw InputError(fmt::format("input_ids: expected an integer tensor, got {}",  // before the model is built
+                                 c10::toString(inputs.input_ids.scalar_type())));
+  }
 
   const auto host = open_plugin_host(args);
   const BuiltModel built = build_model(*host, args);
@@ -173,10 +177,6 @@ int cmd_generate(const std::vector<std::string>& argv) {
     config.on_step = text_streamer(*tokenizer, prompt_read, decoder);
   } else if (!args.flag("json")) {
     config.on_step = progress_printer(&progress_shown);
-  }
-  if (inputs.input_ids.scalar_type() != at::kLong && inputs.input_ids.scalar_type() != at::kInt) {
-    throw InputError(fmt::format("input_ids: expected an integer tensor, got {}",
-                                 c10::toString(inputs.input_ids.scalar_type())));
   }
   const auto out = generate(*built.model, inputs.input_ids, inputs.attention_mask, config);
   if (progress_shown) std::cerr << "\n";
