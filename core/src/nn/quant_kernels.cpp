@@ -393,15 +393,16 @@ TP_AVX512 void decode_group_avx512(const uint8_t* group, const RowTokens& x, flo
   TP_UNROLL for (int t = 0; t < TT; ++t) _mm512_storeu_ps(out + t * out_stride, _mm512_add_ps(_mm512_add_ps(even[t], odd[t]), bv));
 }
 
-/// Output rows [row_begin, row_end) (row_begin a multiple of 16) of kRows16 weights with `rows` rows:
-/// whole groups 16 at a time, the tail rows (GGUF rows) by the pair kernel.
+/// Output rows [row_begin, row_end) (row_begin a multiple of 16 when below `grouped_rows`): the first
+/// `grouped_rows` rows are kRows16 groups, decoded 16 at a time; the rows after them (all of them for
+/// kBlocks weights, the GGUF tail rows of kRows16) go through the pair kernel.
 template <bool Q8>
-TP_AVX512 void decode_rows16_avx512(const uint8_t* w, int64_t row_bytes, int64_t rows, const RowTokens& x,
-                                    const PairedTokens& paired, int64_t tokens, int64_t row_begin, int64_t row_end,
-                                    float* y, const float* bias) {
-  const int64_t last = std::min(row_end, rows / block::kGroupRows * block::kGroupRows);
+TP_AVX512 void decode_avx512(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t grouped_rows,
+                             const RowTokens& x, const PairedTokens& paired, int64_t tokens, int64_t row_begin,
+                             int64_t row_end, float* y, const float* bias) {
+  const int64_t last = std::min(row_end, grouped_rows);
   int64_t o = row_begin;
-  for (; o + block::kGroupRows <= last; o += block::kGroupRows) {
+  for (; o < last; o += block::kGroupRows) {
     const float* b = bias ? bias + o : nullptr;
     switch (tokens) {
       case 3: decode_group_avx512<Q8, 3>(w + o * row_bytes, x, y + o, rows, b); break;
@@ -672,35 +673,30 @@ at::Tensor linear_avx512(QuantFormat format, QuantLayout layout, const float* sr
   std::vector<float> d(tokens * blocks);
   std::vector<int32_t> sums(tokens * blocks);
   if (tokens < kTileTokens) {
-    const int64_t pairs = (blocks + 1) / 2;
+    // kRows16's whole groups read the activations as quantized; the pair kernel (kBlocks weights, the
+    // tail rows of kRows16) reads them expanded per pair of blocks, built only when such rows exist.
+    const int64_t grouped_rows = layout == QuantLayout::kRows16 ? out_features / block::kGroupRows * block::kGroupRows : 0;
+    const int64_t pairs = grouped_rows < out_features ? (blocks + 1) / 2 : 0;
     std::vector<int8_t> xq(tokens * pairs * kPairBytes);
     std::vector<float> dx(tokens * pairs * 16);
-    std::vector<int32_t> init(tokens * pairs * 16);
+    std::vector<int32_t> pair_init(tokens * pairs * 16);
+    std::vector<int32_t> offsets(grouped_rows > 0 ? tokens * blocks : 0);
     for (int64_t t = 0; t < tokens; ++t) {
       quantize_activations_avx512(src + t * in, in, q.data() + t * in, d.data() + t * blocks, sums.data() + t * blocks);
-      pair_token_avx512(q8, q.data() + t * in, d.data() + t * blocks, sums.data() + t * blocks, blocks,
-                        xq.data() + t * pairs * kPairBytes, dx.data() + t * pairs * 16,
-                        init.data() + t * pairs * 16);
+      if (pairs > 0) {
+        pair_token_avx512(q8, q.data() + t * in, d.data() + t * blocks, sums.data() + t * blocks, blocks,
+                          xq.data() + t * pairs * kPairBytes, dx.data() + t * pairs * 16,
+                          pair_init.data() + t * pairs * 16);
+      }
     }
-    const PairedTokens x{pairs, xq.data(), dx.data(), init.data()};
-    if (layout == QuantLayout::kRows16) {
-      std::vector<int32_t> offsets(tokens * blocks);
-      for (int64_t i = 0; i < tokens * blocks; ++i) offsets[i] = -(q8 ? 128 : 8) * sums[i];
-      const RowTokens rows{blocks, q.data(), d.data(), offsets.data()};
-      for_rows([&](int64_t row_begin, int64_t row_end) {
-        if (q8) {
-          decode_rows16_avx512<true>(w, row_bytes, out_features, rows, x, tokens, row_begin, row_end, y, bias);
-        } else {
-          decode_rows16_avx512<false>(w, row_bytes, out_features, rows, x, tokens, row_begin, row_end, y, bias);
-        }
-      });
-      return out;
-    }
+    for (std::size_t i = 0; i < offsets.size(); ++i) offsets[i] = -(q8 ? 128 : 8) * sums[i];
+    const RowTokens x{blocks, q.data(), d.data(), offsets.data()};
+    const PairedTokens paired{pairs, xq.data(), dx.data(), pair_init.data()};
     for_rows([&](int64_t row_begin, int64_t row_end) {
       if (q8) {
-        decode_rows_avx512<true>(w, row_bytes, blocks, x, tokens, row_begin, row_end, y, out_features, bias);
+        decode_avx512<true>(w, row_bytes, out_features, grouped_rows, x, paired, tokens, row_begin, row_end, y, bias);
       } else {
-        decode_rows_avx512<false>(w, row_bytes, blocks, x, tokens, row_begin, row_end, y, out_features, bias);
+        decode_avx512<false>(w, row_bytes, out_features, grouped_rows, x, paired, tokens, row_begin, row_end, y, bias);
       }
     });
     return out;
