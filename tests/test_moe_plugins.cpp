@@ -181,6 +181,8 @@ TEST_CASE("routes convert to vLLM's array and round-trip through .npy", "[moe][n
   REQUIRE_THROWS_WITH(load_npy(file), Contains("not a readable .npy file: no \\x93NUMPY magic"));
   std::filesystem::remove(file);
   REQUIRE_THROWS_WITH(routes_from_array(at::zeros({3, 2})), Contains("expected [tokens, layers, top_k], got 2 dims"));
+  // Empty, but claiming a huge dimension: refused before any view of it overflows.
+  REQUIRE_THROWS_WITH(routes_from_array(at::empty({int64_t{1} << 40, 2, 0}, at::kLong)), Contains("has a dimension above 2^31"));
 }
 
 TEST_CASE("cli routing record and replay, and run --router-outputs", "[cli][moe]") {

@@ -78,6 +78,14 @@ std::vector<at::Tensor> routes_from_array(const at::Tensor& routed) {
     throw InputError(fmt::format("routed_experts: {} layers (shape [{}]); at most {} are read", routed.size(1),
                                  fmt::join(routed.sizes(), ", "), kMaxLayers));
   }
+  // An empty array may claim any size in its other dimensions; views of it would overflow LibTorch's.
+  constexpr int64_t kMaxDim = int64_t{1} << 31;
+  for (const auto size : routed.sizes()) {
+    if (size > kMaxDim) {
+      throw InputError(fmt::format("routed_experts: shape [{}] has a dimension above 2^31",
+                                   fmt::join(routed.sizes(), ", ")));
+    }
+  }
   if (routed.is_floating_point() && !at::equal(routed, routed.round())) {
     throw InputError("routed_experts: expert indices must be integers, the array holds fractions");
   }
