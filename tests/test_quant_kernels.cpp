@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <ATen/Parallel.h>
@@ -92,7 +93,7 @@ TEST_CASE("quantized products equal the float product of the dequantized weights
 
 TEST_CASE("a quantized product is the same with one thread and with two", "[quant][kernels]") {
   at::manual_seed(12);
-  // 1040 x 1024 weights are over the size a single token's product splits across threads at.
+  // A single token's product splits into parts of at least 64 KB of weights: 1040 x 1024 always does.
   const auto small = at::randn({301, 256}), large = at::randn({1040, 1024});
   const int previous = at::get_num_threads();
   for (const auto kernel : {QuantKernel::kScalar, QuantKernel::kAvx2, QuantKernel::kAvx512}) {
@@ -120,6 +121,36 @@ TEST_CASE("a quantized product is the same with one thread and with two", "[quan
     }
   }
   at::set_num_threads(previous);
+}
+
+TEST_CASE("single-token quantized products made on two threads at once equal those made one at a time",
+          "[quant][kernels][threads]") {
+  // Both callers want the decode team's worker threads (base/parallel.h); whichever does not get them
+  // works alone. Under TSan this is the test of the team's synchronisation.
+  at::manual_seed(13);
+  const int previous = at::get_num_threads();
+  at::set_num_threads(2);
+  const auto format = QuantFormat::kQ4_0;
+  const auto layout = torchpatch::nn::preferred_quant_layout();
+  auto weights = torchpatch::nn::quantize(format, at::randn({1040, 1024}), "w");
+  if (layout == QuantLayout::kRows16) weights = torchpatch::nn::pack_blocks(format, weights, "w");
+  std::vector<at::Tensor> inputs, expected;
+  for (int i = 0; i < 2; ++i) {
+    inputs.push_back(at::randn({1, 1024}));
+    expected.push_back(torchpatch::nn::quant_linear(format, inputs.back(), weights, 1040, {}, layout));
+  }
+  std::vector<int> mismatches(inputs.size(), 0);
+  const auto caller = [&](std::size_t i) {
+    for (int round = 0; round < 200; ++round) {
+      const auto y = torchpatch::nn::quant_linear(format, inputs[i], weights, 1040, {}, layout);
+      if (!at::equal(y, expected[i])) ++mismatches[i];
+    }
+  };
+  std::thread first(caller, 0), second(caller, 1);
+  first.join();
+  second.join();
+  at::set_num_threads(previous);
+  CHECK(mismatches == std::vector<int>{0, 0});
 }
 
 TEST_CASE("a quantized product of no tokens is empty, with every kernel", "[quant][kernels]") {

@@ -6,7 +6,8 @@
 #include "nn/attention_decode.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+
+#include "base/parallel.h"
 
 #include "base/x86_intrinsics.h"
 
@@ -112,7 +113,7 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k, const a
   auto scores = at::empty({b, heads, len, kv_len}, q.options());
   float* sp = scores.data_ptr<float>();
   const float scale = static_cast<float>(scaling);
-  at::parallel_for(0, rows, grain(kv_len * hd), [&](int64_t begin, int64_t end) {
+  base::parallel_for(0, rows, grain(kv_len * hd), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const auto [bi, h, i] = row(r);
       const float* qr = qp + bi * q.stride(0) + h * q.stride(1) + i * q.stride(2);
@@ -129,7 +130,7 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k, const a
   // out [B, Q, nH, hd] = probs v
   auto out = at::empty({b, len, heads, hd}, q.options());
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, rows, grain(kv_len * hd), [&](int64_t begin, int64_t end) {
+  base::parallel_for(0, rows, grain(kv_len * hd), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const auto [bi, h, i] = row(r);
       const float* vr = vp + bi * v.stride(0) + (h / groups) * v.stride(1);

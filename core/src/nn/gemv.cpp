@@ -9,8 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include <ATen/Parallel.h>
-
+#include "base/parallel.h"
 #include "base/x86_intrinsics.h"
 
 namespace torchpatch::nn {
@@ -70,7 +69,7 @@ DecodeKernel resolve_decode_kernel(DecodeKernel choice) {
 
 void fast_gemv(DecodeKernel kernel, const float* w, const float* x, float* y, int64_t n, int64_t k) {
   const auto row = kernel == DecodeKernel::kAvx512 ? row_avx512 : row_avx2;
-  at::parallel_for(0, n, kRowsPerTask, [&](int64_t begin, int64_t end) {
+  base::parallel_for(0, n, kRowsPerTask, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) y[r] = row(w + r * k, x, k);
   });
 }
