@@ -38,6 +38,7 @@
 #include <fmt/format.h>
 
 #include "torchpatch/error.h"
+#include "base/parallel.h"
 #include "base/x86_intrinsics.h"
 #include "nn/quant_block.h"
 
@@ -641,15 +642,20 @@ DotFn dot_for(QuantFormat format, QuantKernel kernel) {
   return avx2 ? dot_q4_0_avx2 : dot_q4_0_scalar;
 }
 
-constexpr int64_t kSerialBytes = 512 * 1024;
-
-// Rows per task of at::parallel_for: whole kRows16 groups (so whole tiles), about 64 KB of weights at least.
-int64_t rows_per_task(int64_t row_bytes) {
-  constexpr int64_t kRows = block::kGroupRows;
-  static_assert(kRows % kTileRows == 0, "a task is whole tiles");
-  const int64_t rows = std::max<int64_t>(kRows, 64 * 1024 / std::max<int64_t>(row_bytes, 1));
-  return (rows + kRows - 1) / kRows * kRows;
+// One token's product splits on the decode team (base/parallel.h), cheap enough that small products
+// split too; more tokens (prefill, batches) on LibTorch's threads, which its BLAS products use as well.
+template <class Body>
+void split_rows(int64_t tokens, int64_t begin, int64_t end, int64_t grain, const Body& body) {
+  if (tokens == 1) {
+    base::parallel_for(begin, end, grain, body);
+  } else {
+    at::parallel_for(begin, end, grain, body);
+  }
 }
+
+// A thread's part of a product: at least this many bytes of weights (per token), or handing it to
+// another thread costs more than it saves.
+constexpr int64_t kMinPartBytes = 64 * 1024;
 
 at::Tensor linear_avx512(QuantFormat format, QuantLayout layout, const float* src, int64_t tokens, int64_t in,
                          const uint8_t* w, int64_t out_features, const float* bias, at::Tensor out) {
@@ -658,16 +664,14 @@ at::Tensor linear_avx512(QuantFormat format, QuantLayout layout, const float* sr
   const int64_t blocks = in / kBlock;
   const int64_t row_bytes = blocks * block::bytes_of(format);
   float* y = out.data_ptr<float>();
-  const int64_t grain = rows_per_task(row_bytes);
-  const int64_t tasks = (out_features + grain - 1) / grain;
-  // Each task is whole tiles of rows (the last may be short); at::parallel_for hands them out. A
-  // single token's product of under kSerialBytes of weights stays on this thread: starting and
-  // joining the other thread costs about what it would save (measured: ~9 µs a parallel region).
-  const bool serial = tokens == 1 && out_features * row_bytes < kSerialBytes;
+  // The threads take whole kRows16 groups of rows (so whole tiles; the last group may be short).
+  constexpr int64_t kRows = block::kGroupRows;
+  static_assert(kRows % kTileRows == 0, "a part is whole tiles");
+  const int64_t row_groups = (out_features + kRows - 1) / kRows;
+  const int64_t min_groups = std::max<int64_t>(1, kMinPartBytes / (kRows * row_bytes * tokens));
   const auto for_rows = [&](const auto& body) {
-    at::parallel_for(0, tasks, serial ? tasks : 1, [&](int64_t begin, int64_t end) {
-      body(begin * grain, std::min(out_features, end * grain));
-    });
+    split_rows(tokens, 0, row_groups, min_groups,
+               [&](int64_t begin, int64_t end) { body(begin * kRows, std::min(out_features, end * kRows)); });
   };
   std::vector<int8_t> q(tokens * in);
   std::vector<float> d(tokens * blocks);
@@ -791,7 +795,7 @@ at::Tensor quant_linear(QuantFormat format, const at::Tensor& x, const at::Tenso
   const int64_t row_bytes = blocks.size(1);
   const DotFn dot = dot_for(format, kernel);
   // Each weight row is read once from memory and reused from cache for every token.
-  at::parallel_for(0, out_features, 16, [&](int64_t begin, int64_t end) {
+  split_rows(tokens, 0, out_features, 16, [&](int64_t begin, int64_t end) {
     for (int64_t o = begin; o < end; ++o) {
       for (int64_t t = 0; t < tokens; ++t) {
         const QuantizedRow row{q.data() + t * in, d.data() + t * per_row, sums.data() + t * per_row};
