@@ -130,10 +130,10 @@ Team& team() {
 
 void parallel_for(int64_t begin, int64_t end, int64_t grain, RangeFn fn, const void* body) {
   if (begin >= end) return;
-  const int64_t most = (end - begin + std::max<int64_t>(grain, 1) - 1) / std::max<int64_t>(grain, 1);
-  const int parts = static_cast<int>(std::min<int64_t>(most, at::get_num_threads()));
-  if (parts > 1 && !inside_team && !forked.load(std::memory_order_relaxed) && !at::in_parallel_region() && team().try_run(parts, begin, end, fn, body)) return;
-  fn(body, begin, end);
+  const int64_t step = std::max<int64_t>(grain, 1);
+  const int parts = static_cast<int>(std::min<int64_t>((end - begin + step - 1) / step, at::get_num_threads()));
+  const bool alone = parts < 2 || inside_team || forked.load(std::memory_order_relaxed) || at::in_parallel_region();
+  if (alone || !team().try_run(parts, begin, end, fn, body)) fn(body, begin, end);
 }
 
 }  // namespace torchpatch::base
