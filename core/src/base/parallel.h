@@ -2,8 +2,8 @@
 //
 // at::parallel_for costs 3-5 µs to start and join a region on this kind of machine (OpenMP wakes
 // sleeping threads through the kernel), which is what a whole single-token product of 300 KB takes.
-// The team's workers spin on a counter for a while after each region instead, so a region costs
-// about one cache-line exchange between cores and small products can be split too. They go to sleep
+// The team's workers spin on a counter for a while after each region instead, so a region starts
+// with one write they see, and small products can be split too. They go to sleep
 // after kSpinFor without work, so they do not hold a core that OpenMP (the BLAS) wants.
 #pragma once
 
