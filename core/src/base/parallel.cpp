@@ -7,6 +7,7 @@
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <ATen/Parallel.h>
@@ -34,18 +35,24 @@ class Team {
   bool try_run(int parts, int64_t begin, int64_t end, RangeFn fn, const void* body) {
     std::unique_lock<std::mutex> owner(run_mutex_, std::try_to_lock);
     if (!owner) return false;
-    grow(parts - 1);
-    job_ = Job{fn, body, begin, end, (end - begin + parts - 1) / parts, parts};
-    error_ = nullptr;
+    try {
+      grow(parts - 1);
+    } catch (...) {  // no thread to be had: work with those there are
+    }
+    parts = std::min(parts, static_cast<int>(workers_.size()) + 1);
+    if (parts < 2) return false;
+    job_ = Job{fn, body, begin, end - begin, parts};
     pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
     generation_.fetch_add(1, std::memory_order_seq_cst);
     if (sleeping_.load(std::memory_order_seq_cst) > 0) {
       std::lock_guard<std::mutex> lock(sleep_mutex_);
       wake_.notify_all();
     }
+    inside_team = true;  // a loop inside part 0 runs inline
     run_part(0);
+    inside_team = false;
     while (pending_.load(std::memory_order_acquire) > 0) relax();
-    if (error_) std::rethrow_exception(error_);
+    if (auto error = std::exchange(error_, nullptr)) std::rethrow_exception(error);
     return true;
   }
 
@@ -53,7 +60,7 @@ class Team {
   struct Job {
     RangeFn fn = nullptr;
     const void* body = nullptr;
-    int64_t begin = 0, end = 0, chunk = 0;
+    int64_t begin = 0, size = 0;
     int parts = 0;
   };
 
@@ -67,7 +74,9 @@ class Team {
 
   void run_part(int part) {
     if (part >= job_.parts) return;
-    const int64_t from = job_.begin + part * job_.chunk, to = std::min(job_.end, from + job_.chunk);
+    // Parts of equal size to within one: [size * p / parts, size * (p + 1) / parts).
+    const int64_t from = job_.begin + job_.size * part / job_.parts;
+    const int64_t to = job_.begin + job_.size * (part + 1) / job_.parts;
     if (from >= to) return;
     try {
       job_.fn(job_.body, from, to);

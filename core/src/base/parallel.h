@@ -13,9 +13,11 @@ namespace torchpatch::base {
 
 using RangeFn = void (*)(const void* body, int64_t begin, int64_t end);
 
-/// Runs body(begin, end) over [begin, end) in up to at::get_num_threads() contiguous parts of at least
-/// `grain` each, the first on the calling thread. Runs inline when there is one part, one thread, or
-/// when called from inside a parallel region. Rethrows the first exception a part threw.
+/// Runs body(begin, end) over [begin, end) in contiguous parts of equal size (to within one), the
+/// first on the calling thread: at most at::get_num_threads() parts and at most ceil(n / grain), so a
+/// part is over half a grain. Runs inline when that is one part, when called from inside a parallel
+/// region (the team's or OpenMP's) and while another host thread has the team. Rethrows the first
+/// exception a part threw, after every part has ended.
 void parallel_for(int64_t begin, int64_t end, int64_t grain, RangeFn fn, const void* body);
 
 template <class Body>
