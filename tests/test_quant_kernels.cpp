@@ -93,7 +93,7 @@ TEST_CASE("quantized products equal the float product of the dequantized weights
 
 TEST_CASE("a quantized product is the same with one thread and with two", "[quant][kernels]") {
   at::manual_seed(12);
-  // A single token's product splits into parts of at least 64 KB of weights: 1040 x 1024 always does.
+  // A single token's product gets a part per 64 KB of weights: 1040 x 1024 splits at two threads.
   const auto small = at::randn({301, 256}), large = at::randn({1040, 1024});
   const int previous = at::get_num_threads();
   for (const auto kernel : {QuantKernel::kScalar, QuantKernel::kAvx2, QuantKernel::kAvx512}) {

@@ -653,8 +653,8 @@ void split_rows(int64_t tokens, int64_t begin, int64_t end, int64_t grain, const
   }
 }
 
-// A thread's part of a product: at least this many bytes of weights (per token), or handing it to
-// another thread costs more than it saves.
+// A product gets one part per this many bytes of weights (per token, rounded up), one per thread at
+// most: smaller parts cost more to hand to another thread than they save.
 constexpr int64_t kMinPartBytes = 64 * 1024;
 
 at::Tensor linear_avx512(QuantFormat format, QuantLayout layout, const float* src, int64_t tokens, int64_t in,
