@@ -1,9 +1,10 @@
-// DynamicCache (full and sliding layers), attention masks, and the single-row linear kernel.
+// DynamicCache (full and sliding layers), attention masks, and the linear kernels (one row and several).
 #include "test_prelude.h"
 #include "test_util.h"
 
 #include <numeric>
 
+#include <ATen/Parallel.h>
 #include <fmt/format.h>
 
 #include "torchpatch/error.h"
@@ -143,4 +144,37 @@ TEST_CASE("single-row linear (the decoding kernel) equals at::linear", "[linear]
   auto wg = at::randn({4, 8}).requires_grad_(), xg = at::randn({1, 8});
   nn::linear(xg, wg).sum().backward();
   CHECK(testutil::close("linear weight grad", wg.grad(), xg.expand({4, 8}), {}, 1e-6, 1e-6));
+}
+
+TEST_CASE("several-row linear (oneDNN's sgemm, columns split over threads) equals at::linear", "[linear]") {
+  at::manual_seed(0);
+  const int threads = at::get_num_threads();
+  for (auto [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {2, 1, 1}, {2, 5, 7}, {3, 17, 33}, {4, 100, 64}, {16, 768, 2048}, {128, 768, 768}}) {
+    auto w = at::randn({n, k}), b = at::randn({n}), x = at::randn({1, m, k});
+    const auto expected = at::linear(x, w, b);
+    at::set_num_threads(1);
+    const auto one_thread = nn::linear(x, w, b);
+    at::set_num_threads(2);
+    const auto two_threads = nn::linear(x, w, b);
+    at::set_num_threads(threads);
+    REQUIRE(one_thread.sizes() == expected.sizes());
+    CHECK(testutil::close(fmt::format("linear {}x{}x{}", m, n, k), one_thread, expected, {}, 1e-6 * static_cast<double>(k),
+                          1e-5));
+    // Each output column is one thread's sgemm whatever the split: the same sums in the same order.
+    CHECK(at::equal(one_thread, two_threads));
+  }
+  // A transposed (non-contiguous) input, and no bias.
+  auto w = at::randn({40, 24}), xt = at::randn({24, 6}).t();
+  CHECK(testutil::close("linear of a transposed input", nn::linear(xt, w), at::linear(xt, w), {}, 1e-5, 1e-5));
+  // On the system BLAS by choice: LibTorch's own product, exactly.
+  auto x = at::randn({5, 24});
+  const auto previous = nn::set_matmul_kernel(nn::MatmulKernel::kBlas);
+  const auto blas = nn::linear(x, w);
+  nn::set_matmul_kernel(previous);
+  CHECK(at::equal(blas, at::linear(x, w)));
+  // With gradients the product is autograd's.
+  auto wg = at::randn({4, 8}).requires_grad_(), xg = at::randn({3, 8});
+  nn::linear(xg, wg).sum().backward();
+  CHECK(testutil::close("several-row linear weight grad", wg.grad(), xg.sum(0).expand({4, 8}), {}, 1e-5, 1e-5));
 }

@@ -97,7 +97,7 @@ TEST_CASE("cli bench prints both ratios", "[cli][bench]") {
   CHECK(j["matmul_flops_per_second"].get<double>() > 0);
   // built-in, built-in on BLAS's sgemv, FusedQKVAttention, quantized q8_0 and q4_0
   REQUIRE(j["results"].size() == 5);
-  CHECK(j["results"][1]["variant"] == "built-in, BLAS sgemv");
+  CHECK(j["results"][1]["variant"] == "built-in, system BLAS");
   CHECK(j["results"][2]["variant"] == "FusedQKVAttention");
   CHECK(j["results"][3]["variant"] == "quantized q8_0");
   CHECK(j["results"][4]["variant"] == "quantized q4_0");

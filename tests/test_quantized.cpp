@@ -333,7 +333,7 @@ TEST_CASE("cli: --quantize on run, plan and save", "[quant][cli]") {
   REQUIRE(bench.code == 0);
   const auto report = nlohmann::json::parse(bench.out);
   REQUIRE(report["results"].size() == 2);
-  CHECK(report["results"][1]["variant"] == "built-in, BLAS sgemv");
+  CHECK(report["results"][1]["variant"] == "built-in, system BLAS");
 
   const auto bad = torchpatch_cli("run --model " + testutil::llama_dir() + " --prompt-ids 1 --quantize q3_k");
   CHECK(bad.code != 0);

@@ -1,6 +1,6 @@
 // torchpatch bench: decode and prefill speed of a model against this machine's own limits, measured
 // in the same run: decode tokens/s as a fraction of what memory bandwidth allows (every weight read
-// once per token), prefill as a fraction of the float32 matmul rate. With and without
+// once per token), prefill as a fraction of the float32 matmul rate (the model's own product's). With and without
 // FusedQKVAttention when the plugin is there; for MoE models also the eager experts,
 // SequentialExperts and a naive all-experts loop.
 #include <algorithm>
@@ -52,13 +52,22 @@ double copy_bandwidth(int repeats) {
   return 2.0 * static_cast<double>(bytes) / seconds;
 }
 
-// Square float32 matmul, big enough to run at the BLAS's peak.
-double matmul_rate(int repeats) {
-  const int64_t n = 1024;
-  auto a = at::randn({n, n}), b = at::randn({n, n}), c = at::empty({n, n});
-  at::mm_out(c, a, b);  // warm up
-  const double seconds = best_seconds(repeats + 2, [&] { at::mm_out(c, a, b); });
-  return 2.0 * static_cast<double>(n * n * n) / seconds;
+// A float32 product shaped as prefill's (128 rows, a 1024 x 1024 weight): the model's own (nn::linear,
+// oneDNN's sgemm) and the system BLAS's (at::mm), in flop/s.
+struct MatmulRates {
+  double own;
+  double blas;
+};
+
+MatmulRates matmul_rates(int repeats) {
+  const int64_t rows = 128, n = 1024;
+  auto a = at::randn({rows, n}), b = at::randn({n, n}), c = at::empty({rows, n});
+  const double flops = 2.0 * static_cast<double>(rows * n * n);
+  nn::linear(a, b);  // warm up
+  const double own = best_seconds(repeats + 20, [&] { nn::linear(a, b); });
+  at::mm_out(c, a, b);
+  const double blas = best_seconds(repeats + 20, [&] { at::mm_out(c, a, b); });
+  return {flops / own, flops / blas};
 }
 
 // The share of a parameter one token uses: top_k / num_experts for routed experts, else all of it.
@@ -213,9 +222,10 @@ void measure_variants(PluginHost& host, BuiltModel& built, const Args& args, con
 
 void print_report(const nlohmann::json& report) {
   std::cout << fmt::format("machine: copy bandwidth {:.2f} GB/s (memcpy of 256 MiB, read + written, best of before and after the variants), float32 matmul "
-                           "{:.1f} GFLOP/s (1024x1024x1024), {} thread(s)\n",
+                           "{:.1f} GFLOP/s (128x1024x1024, oneDNN; the system BLAS {:.1f}), {} thread(s)\n",
                            report["copy_bandwidth_bytes_per_second"].get<double>() / 1e9,
-                           report["matmul_flops_per_second"].get<double>() / 1e9, report["threads"].get<int>());
+                           report["matmul_flops_per_second"].get<double>() / 1e9,
+                           report["blas_matmul_flops_per_second"].get<double>() / 1e9, report["threads"].get<int>());
   std::cout << fmt::format("model: {} ({:.1f}M parameters), {:.1f} MB of weights read per decoded token, "
                            "decode limit {:.1f} tokens/s; prefill of {} tokens = {:.2f} GFLOP\n",
                            report["model"].get<std::string>(), report["parameters"].get<double>() / 1e6,
@@ -247,7 +257,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
                 {"threads", "N", "intra-op threads (default 1)"},
                 {"repeats", "N", "timed runs; the best is reported (default 3)"},
                 {"no-fused", "", "skip the FusedQKVAttention variant"},
-                {"no-blas", "", "skip the variant that decodes with the system BLAS's sgemv"},
+                {"no-blas", "", "skip the variant whose float32 products run on the system BLAS"},
                 {"no-quantized", "", "skip the q8_0 and q4_0 variants"}});
   const Args args(specs, argv);
   if (args.flag("help")) {
@@ -271,7 +281,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
 
   const auto host = open_plugin_host(model_args);
   double bandwidth = copy_bandwidth(repeats);
-  const double matmul = matmul_rate(repeats);
+  const auto rates = matmul_rates(repeats);
+  const double matmul = rates.own;
 
   BuiltModel built = build_model(*host, model_args);
   at::NoGradGuard no_grad;
@@ -284,10 +295,13 @@ int cmd_bench(const std::vector<std::string>& argv) {
   std::vector<Measurement> results{measure(args.has("patch") ? "as patched" : "built-in", *built.model, prompt_len,
                                            decode_tokens, repeats)};
   if (!args.flag("no-blas")) {
-    // The same model with single-token products on the system BLAS's sgemv: the decoding kernel's baseline.
-    const auto previous = nn::set_decode_kernel(nn::DecodeKernel::kBlas);
-    results.push_back(measure(results[0].variant + ", BLAS sgemv", *built.model, prompt_len, decode_tokens, repeats));
-    nn::set_decode_kernel(previous);
+    // The same model with every float32 product on the system BLAS (sgemv for one token, sgemm for
+    // prefill): the baseline of the decoding kernel and of oneDNN's sgemm.
+    const auto previous_decode = nn::set_decode_kernel(nn::DecodeKernel::kBlas);
+    const auto previous_matmul = nn::set_matmul_kernel(nn::MatmulKernel::kBlas);
+    results.push_back(measure(results[0].variant + ", system BLAS", *built.model, prompt_len, decode_tokens, repeats));
+    nn::set_decode_kernel(previous_decode);
+    nn::set_matmul_kernel(previous_matmul);
   }
   measure_variants(*host, built, args, specs, forwarded, run, results);
   // Measured again after the variants, and the higher figure kept: on a shared machine the bandwidth
@@ -315,6 +329,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
                               {"decode_tokens", decode_tokens},
                               {"copy_bandwidth_bytes_per_second", bandwidth},
                               {"matmul_flops_per_second", matmul},
+                              {"blas_matmul_flops_per_second", rates.blas},
                               {"decode_limit_tokens_per_second", limit},
                               {"prefill_flops", flops},
                               {"results", rows}};

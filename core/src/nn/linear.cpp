@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include "nn/gemm.h"
 #include "nn/gemv.h"
 #include "torchpatch/patching/build.h"
 
@@ -41,32 +42,45 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias) {
 
 namespace {
 std::atomic<DecodeKernel> decode_kernel{DecodeKernel::kAuto};
+std::atomic<MatmulKernel> matmul_kernel{MatmulKernel::kAuto};
+
+// y = x W^T (x [rows, k]) for float32 and float64 without gradients; undefined where at::linear is the
+// one to use (several rows of float64, or on LibTorch's BLAS by choice).
+at::Tensor product(const at::Tensor& x, const at::Tensor& weight) {
+  const int64_t rows = x.size(0), n = weight.size(0), k = weight.size(1);
+  const bool float32 = x.scalar_type() == at::kFloat;
+  if (rows == 1) {
+    const auto kernel = resolve_decode_kernel(decode_kernel.load(std::memory_order_relaxed));
+    if (kernel == DecodeKernel::kBlas || !float32) return at::mv(weight, x.reshape({-1})).view({1, n});
+    auto y = at::empty({1, n}, x.options());
+    fast_gemv(kernel, weight.data_ptr<float>(), x.data_ptr<float>(), y.data_ptr<float>(), n, k);
+    return y;
+  }
+  if (!float32 || matmul_kernel.load(std::memory_order_relaxed) == MatmulKernel::kBlas) return {};
+  auto y = at::empty({rows, n}, x.options());
+  onednn_gemm(x.data_ptr<float>(), weight.data_ptr<float>(), y.data_ptr<float>(), rows, n, k);
+  return y;
+}
 }  // namespace
 
 DecodeKernel set_decode_kernel(DecodeKernel kernel) { return decode_kernel.exchange(kernel); }
+MatmulKernel set_matmul_kernel(MatmulKernel kernel) { return matmul_kernel.exchange(kernel); }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  const bool one_row = x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1) && x.numel() == weight.size(1);
-  const bool same_type = x.scalar_type() == weight.scalar_type() &&
-                         (!bias.defined() || bias.scalar_type() == x.scalar_type());
-  const bool blas_type = x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble;
-  if (!one_row || !same_type || !blas_type || !x.is_cpu() || !weight.is_cpu() || x.numel() == 0) {
-    return at::linear(x, weight, bias);
-  }
+  const auto type = x.scalar_type();
+  const bool own_kernels =
+      (type == at::kFloat || type == at::kDouble) && weight.scalar_type() == type && x.is_cpu() && weight.is_cpu() &&
+      weight.dim() == 2 && weight.is_contiguous() && x.dim() >= 1 && x.size(-1) == weight.size(1) &&
+      x.numel() > 0 && weight.numel() > 0 &&
+      (!bias.defined() || (bias.scalar_type() == type && bias.is_cpu() && bias.dim() == 1 && bias.size(0) == weight.size(0)));
+  const bool needs_grad = at::GradMode::is_enabled() &&
+                          (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()));
+  at::Tensor y;
+  if (own_kernels && !needs_grad) y = product(x.reshape({-1, weight.size(1)}).contiguous(), weight);
+  if (!y.defined()) return at::linear(x, weight, bias);
+  if (bias.defined()) y.add_(bias);
   auto out_shape = x.sizes().vec();
   out_shape.back() = weight.size(0);
-  const auto kernel = resolve_decode_kernel(decode_kernel.load(std::memory_order_relaxed));
-  const bool needs_grad = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
-  at::Tensor y;
-  if (kernel != DecodeKernel::kBlas && !needs_grad && x.scalar_type() == at::kFloat && weight.is_contiguous()) {
-    const auto vec = x.reshape({-1}).contiguous();
-    y = at::empty({weight.size(0)}, x.options());
-    fast_gemv(kernel, weight.data_ptr<float>(), vec.data_ptr<float>(), y.data_ptr<float>(), weight.size(0),
-              weight.size(1));
-  } else {
-    y = at::mv(weight, x.reshape({-1}));
-  }
-  if (bias.defined()) y = y + bias;
   return y.view(out_shape);
 }
 

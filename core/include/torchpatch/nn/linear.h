@@ -41,7 +41,7 @@ inline c10::ScalarType reduction_type(c10::ScalarType t) { return t == at::kDoub
 /// How a single-row float32 product (decoding one token) is computed.
 enum class DecodeKernel {
   kAuto,    ///< the widest vector kernel this CPU has (the default)
-  kAvx512,  ///< eight rows at a time with AVX-512, prefetching ahead (kBlas without AVX-512)
+  kAvx512,  ///< one row at a time with AVX-512, four sums in flight (kBlas without AVX-512)
   kAvx2,    ///< the same with AVX2 + FMA (kBlas without them)
   kBlas     ///< LibTorch's matrix-vector product (the system BLAS's sgemv)
 };
@@ -49,8 +49,19 @@ enum class DecodeKernel {
 /// Chooses the kernel for the whole process (benchmarks compare them); returns the previous choice.
 TORCHPATCH_API DecodeKernel set_decode_kernel(DecodeKernel kernel);
 
+/// How a float32 product of several rows (prefill, batches) is computed.
+enum class MatmulKernel {
+  kAuto,    ///< oneDNN's sgemm, its columns split over the intra-op threads (the default)
+  kOneDnn,  ///< the same
+  kBlas     ///< LibTorch's matrix product (the system BLAS's sgemm)
+};
+
+/// Chooses the several-row kernel for the whole process; returns the previous choice.
+TORCHPATCH_API MatmulKernel set_matmul_kernel(MatmulKernel kernel);
+
 /// y = x @ weight^T + bias, like at::linear. A single row (decoding) streams the weight once through
-/// a matrix-vector kernel, where BLAS's matrix-matrix path would pack the whole weight first.
+/// a matrix-vector kernel, where BLAS's matrix-matrix path would pack the whole weight first; several
+/// rows of float32 go to oneDNN's sgemm. Anything that needs gradients goes to at::linear.
 TORCHPATCH_API at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
 
 /// The built-in class of the "Linear" patch point (roles::Linear).
