@@ -21,7 +21,11 @@ constexpr int64_t kColumnGroup = 16;  // one AVX-512 register of outputs: parts 
 
 void onednn_gemm(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k) {
   const int64_t groups = (n + kColumnGroup - 1) / kColumnGroup;
+#if defined(_OPENMP)
   const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), groups));
+#else  // at::parallel_for runs serially in this build: one sgemm, threaded by oneDNN itself
+  const int64_t parts = 1;
+#endif
   at::parallel_for(0, parts, 1, [&](int64_t first, int64_t last) {
     for (int64_t p = first; p < last; ++p) {
       const int64_t begin = std::min(n, groups * p / parts * kColumnGroup);
