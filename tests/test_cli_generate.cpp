@@ -95,7 +95,7 @@ TEST_CASE("cli bench prints both ratios", "[cli][bench]") {
   const auto j = nlohmann::json::parse(r.out);
   CHECK(j["copy_bandwidth_bytes_per_second"].get<double>() > 0);
   CHECK(j["matmul_flops_per_second"].get<double>() > 0);
-  // built-in, built-in on BLAS's sgemv, FusedQKVAttention, quantized q8_0 and q4_0
+  // built-in, built-in on the system BLAS, FusedQKVAttention, quantized q8_0 and q4_0
   REQUIRE(j["results"].size() == 5);
   CHECK(j["results"][1]["variant"] == "built-in, system BLAS");
   CHECK(j["results"][2]["variant"] == "FusedQKVAttention");

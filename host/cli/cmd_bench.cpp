@@ -1,8 +1,8 @@
 // torchpatch bench: decode and prefill speed of a model against this machine's own limits, measured
 // in the same run: decode tokens/s as a fraction of what memory bandwidth allows (every weight read
-// once per token), prefill as a fraction of the float32 matmul rate (the model's own product's). With and without
-// FusedQKVAttention when the plugin is there; for MoE models also the eager experts,
-// SequentialExperts and a naive all-experts loop.
+// once per token), prefill as a fraction of the float32 matmul rate (the model's own product's).
+// With and without FusedQKVAttention when the plugin is there; for MoE models also the eager
+// experts, SequentialExperts and a naive all-experts loop.
 #include <algorithm>
 #include <chrono>
 #include <cstring>

@@ -9,6 +9,7 @@
 #include <dnnl.h>
 
 #include <algorithm>
+#include <stdexcept>
 
 #include <ATen/Parallel.h>
 #include <fmt/format.h>

@@ -42,7 +42,7 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias) {
 
 namespace {
 std::atomic<DecodeKernel> decode_kernel{DecodeKernel::kAuto};
-std::atomic<MatmulKernel> matmul_kernel{MatmulKernel::kAuto};
+std::atomic<MatmulKernel> matmul_kernel{MatmulKernel::kOneDnn};
 
 // y = x W^T (x [rows, k]) for float32 and float64 without gradients; undefined where at::linear is the
 // one to use (several rows of float64, or on LibTorch's BLAS by choice).

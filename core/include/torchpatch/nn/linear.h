@@ -51,8 +51,7 @@ TORCHPATCH_API DecodeKernel set_decode_kernel(DecodeKernel kernel);
 
 /// How a float32 product of several rows (prefill, batches) is computed.
 enum class MatmulKernel {
-  kAuto,    ///< oneDNN's sgemm, its columns split over the intra-op threads (the default)
-  kOneDnn,  ///< the same
+  kOneDnn,  ///< oneDNN's sgemm, its columns split over the intra-op threads (the default)
   kBlas     ///< LibTorch's matrix product (the system BLAS's sgemm)
 };
 
