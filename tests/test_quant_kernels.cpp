@@ -81,12 +81,37 @@ TEST_CASE("quantized products equal the float product of the dequantized weights
             INFO("kernel " << static_cast<int>(kernel));
             CHECK(((vector - scalar).abs() - tolerance).max().item<double>() <= 0);
             CHECK(((from_rows16 - scalar).abs() - tolerance).max().item<double>() <= 0);
-            // Only AVX-512 decoding reads kRows16 itself; everything else reads the same GGUF rows.
-            const bool own_order = resolves_to_avx512(kernel) && tokens < 4 && rows >= 16;
+            // Only the AVX-512 kernels read kRows16's groups themselves; everything else reads GGUF rows.
+            const bool own_order = resolves_to_avx512(kernel) && rows >= 16;
             if (!own_order) CHECK(at::equal(from_rows16, vector));
           }
         }
       }
+    }
+  }
+}
+
+TEST_CASE("a token's outputs from kRows16 weights do not depend on how many tokens share the product",
+          "[quant][kernels]") {
+  // AVX-512 runs a group's 16 rows over 1, 2, 3 tokens (decoding) or 8 at a time (prefill) with the
+  // same arithmetic per token: a prompt's last token gets the logits it would get decoded alone.
+  if (!torchpatch::nn::quant_kernel_available(QuantKernel::kAvx512)) {
+    WARN("no AVX-512 VNNI on this CPU: nothing to compare");
+    return;
+  }
+  at::manual_seed(14);
+  KernelChoice choice(QuantKernel::kAvx512);
+  for (const auto format : {QuantFormat::kQ8_0, QuantFormat::kQ4_0}) {
+    const int64_t rows = 48, in = 544;
+    const auto packed = torchpatch::nn::pack_blocks(format, torchpatch::nn::quantize(format, at::randn({rows, in}), "w"), "w");
+    const auto bias = at::randn({rows});
+    const auto x = at::randn({21, in});
+    const auto together = torchpatch::nn::quant_linear(format, x, packed, rows, bias, QuantLayout::kRows16);
+    for (int64_t t = 0; t < x.size(0); ++t) {
+      const auto alone = torchpatch::nn::quant_linear(format, x.narrow(0, t, 1), packed, rows, bias, QuantLayout::kRows16);
+      INFO(torchpatch::nn::format_name(format) << " token " << t << " max difference "
+                                               << (alone[0] - together[t]).abs().max().item<float>());
+      CHECK(at::equal(alone[0], together[t]));
     }
   }
 }

@@ -414,6 +414,46 @@ TP_AVX512 void decode_avx512(const uint8_t* w, int64_t row_bytes, int64_t rows, 
   if (o < row_end) decode_rows_avx512<Q8>(w, row_bytes, x.blocks, paired, tokens, o, row_end, y, rows, bias);
 }
 
+// ---- prefill from kRows16 weights: the decoding kernel above, kGroupTokens tokens at a time
+//
+// Each group's 16 rows (a few to 50 KB of blocks) stay in L1/L2 while every token of a chunk passes;
+// a block's weight registers are loaded and unpacked once for kGroupTokens tokens. No rearranging of
+// the weights (the tiles below gather every tile of rows again for every chunk of tokens: half the
+// time of an MoE expert that sees 16 tokens), and a token's outputs are those it gets decoded alone.
+
+constexpr int64_t kGroupTokens = 8;
+
+/// Rows [row_begin, row_end) (whole kRows16 groups) for every token; y[t * out_features + o].
+template <bool Q8>
+TP_AVX512 void prefill_groups16_avx512(const uint8_t* w, int64_t row_bytes, const RowTokens& x, int64_t tokens,
+                                       int64_t row_begin, int64_t row_end, float* y, int64_t out_features,
+                                       const float* bias) {
+  // Tokens in chunks whose activations (32 bytes of q, a scale and an offset per block) stay in L2.
+  const int64_t token_bytes = x.blocks * (kBlock + 8);
+  const int64_t chunk = std::max<int64_t>(kGroupTokens, (512 * 1024 / token_bytes) / kGroupTokens * kGroupTokens);
+  for (int64_t t0 = 0; t0 < tokens; t0 += chunk) {
+    const int64_t t1 = std::min(tokens, t0 + chunk);
+    for (int64_t o = row_begin; o < row_end; o += block::kGroupRows) {
+      const uint8_t* group = w + o * row_bytes;
+      const float* b = bias ? bias + o : nullptr;
+      for (int64_t t = t0; t < t1; t += kGroupTokens) {
+        const RowTokens xt{x.blocks, x.q + t * x.blocks * kBlock, x.d + t * x.blocks, x.init + t * x.blocks};
+        float* out = y + t * out_features + o;
+        switch (std::min(kGroupTokens, t1 - t)) {
+          case 8: decode_group_avx512<Q8, 8>(group, xt, out, out_features, b); break;
+          case 7: decode_group_avx512<Q8, 7>(group, xt, out, out_features, b); break;
+          case 6: decode_group_avx512<Q8, 6>(group, xt, out, out_features, b); break;
+          case 5: decode_group_avx512<Q8, 5>(group, xt, out, out_features, b); break;
+          case 4: decode_group_avx512<Q8, 4>(group, xt, out, out_features, b); break;
+          case 3: decode_group_avx512<Q8, 3>(group, xt, out, out_features, b); break;
+          case 2: decode_group_avx512<Q8, 2>(group, xt, out, out_features, b); break;
+          default: decode_group_avx512<Q8, 1>(group, xt, out, out_features, b); break;
+        }
+      }
+    }
+  }
+}
+
 // ---- prefill (kTileTokens tokens or more): groups of 16 blocks, one block per int32 lane
 //
 // Register k of a group holds, in lane i, bytes 4k..4k+3 of block i: 8 dpbusd sum all 32 products of
@@ -573,6 +613,7 @@ template <bool Q8>
 TP_AVX512 void prefill_rows_avx512(const uint8_t* w, int64_t blocks, QuantLayout layout,
                                    const GroupedTokens& x, int64_t tokens, int64_t row_begin, int64_t row_end, float* y,
                                    int64_t out_features, const float* bias) {
+  if (row_begin >= row_end) return;
   const int64_t groups = x.groups;
   std::vector<uint8_t> buffer(kTileRows * groups * kGroupWeightRegs * sizeof(__m512i) + 64);
   const auto aligned = (reinterpret_cast<std::uintptr_t>(buffer.data()) + 63) & ~std::uintptr_t{63};
@@ -705,25 +746,37 @@ at::Tensor linear_avx512(QuantFormat format, QuantLayout layout, const float* sr
     });
     return out;
   }
-  const int64_t groups = (blocks + kGroup - 1) / kGroup;
+  // kRows16's whole groups read the activations as quantized (the kernel above); the tail rows, and
+  // every row of GGUF weights, go through the tiles, which read them regrouped.
+  const int64_t grouped_rows = layout == QuantLayout::kRows16 ? out_features / block::kGroupRows * block::kGroupRows : 0;
+  const bool tiles = grouped_rows < out_features;
+  const int64_t groups = tiles ? (blocks + kGroup - 1) / kGroup : 0;
   // 64-byte aligned registers' worth: LibTorch's allocator aligns to 64 bytes.
   const at::Tensor grouped = at::empty({tokens * groups * (8 + 1 + 1) * 64}, at::kByte);
   auto* xq = reinterpret_cast<__m512i*>(grouped.data_ptr<uint8_t>());
   auto* dx = reinterpret_cast<__m512*>(xq + tokens * groups * 8);
   auto* init = reinterpret_cast<__m512i*>(dx + tokens * groups);
+  std::vector<int32_t> offsets(grouped_rows > 0 ? tokens * blocks : 0);
   at::parallel_for(0, tokens, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       quantize_activations_avx512(src + t * in, in, q.data() + t * in, d.data() + t * blocks, sums.data() + t * blocks);
-      group_token_avx512(q8, q.data() + t * in, d.data() + t * blocks, sums.data() + t * blocks, blocks,
-                         xq + t * groups * 8, dx + t * groups, init + t * groups);
+      if (tiles) {
+        group_token_avx512(q8, q.data() + t * in, d.data() + t * blocks, sums.data() + t * blocks, blocks,
+                           xq + t * groups * 8, dx + t * groups, init + t * groups);
+      }
     }
   });
+  for (std::size_t i = 0; i < offsets.size(); ++i) offsets[i] = -(q8 ? 128 : 8) * sums[i];
+  const RowTokens rows_x{blocks, q.data(), d.data(), offsets.data()};
   const GroupedTokens x{groups, xq, dx, init};
   for_rows([&](int64_t row_begin, int64_t row_end) {
+    const int64_t split = std::clamp(grouped_rows, row_begin, row_end);
     if (q8) {
-      prefill_rows_avx512<true>(w, blocks, layout, x, tokens, row_begin, row_end, y, out_features, bias);
+      prefill_groups16_avx512<true>(w, row_bytes, rows_x, tokens, row_begin, split, y, out_features, bias);
+      prefill_rows_avx512<true>(w, blocks, layout, x, tokens, split, row_end, y, out_features, bias);
     } else {
-      prefill_rows_avx512<false>(w, blocks, layout, x, tokens, row_begin, row_end, y, out_features, bias);
+      prefill_groups16_avx512<false>(w, row_bytes, rows_x, tokens, row_begin, split, y, out_features, bias);
+      prefill_rows_avx512<false>(w, blocks, layout, x, tokens, split, row_end, y, out_features, bias);
     }
   });
   return out;
