@@ -10,17 +10,17 @@
 //            w + 128 (exact for every int8), Q4_0 as its nibbles 0..15; each block's int32 sum starts
 //            at minus that offset (128 or 8) times the block's sum of activations, so it comes out
 //            exactly sum(w * x). Two layouts:
-//     decode   (fewer than 4 tokens) from kRows16 weights (nn/quant.h, what models hold on these CPUs):
-//              16 rows at a time, lane i of each register one row's 4 bytes, so a dpbusd with 4
-//              activation bytes broadcast advances all 16 rows and the sums need no shuffles.
-//              From GGUF rows: two blocks per 512-bit register (lanes 0-7 one block, 8-15 the next),
-//              one row after another; per pair of blocks one convert and one multiply-add by the
-//              two blocks' scales.
-//     prefill  (4 tokens or more) groups of 16 blocks, lane i of register k holding bytes 4k..4k+3 of
-//              block i: 8 dpbusd finish 16 blocks, and the scaling is one convert and one multiply-add
-//              per 16 blocks. Tiles of 4 rows x 4 tokens (each weight register used for 4 tokens, each
-//              activation register for 4 rows); a tile's rows are rearranged once (gathers) and used for
-//              every token of a chunk whose activations stay in L2.
+//     kRows16  (nn/quant.h, what models hold on these CPUs) 16 rows at a time, lane i of each register
+//              one row's 4 bytes, so a dpbusd with 4 activation bytes broadcast advances all 16 rows
+//              and the sums need no shuffles. Decoding takes the tokens (fewer than 4) in one pass;
+//              prefill 8 at a time while the group's blocks stay in cache, with the same arithmetic
+//              per token, so a token's outputs do not depend on how many tokens share the product.
+//     GGUF rows  decode: two blocks per 512-bit register (lanes 0-7 one block, 8-15 the next), one row
+//              after another; per pair of blocks one convert and one multiply-add by the two scales.
+//              prefill (4 tokens or more; also kRows16's tail rows): groups of 16 blocks, lane i of
+//              register k holding bytes 4k..4k+3 of block i: 8 dpbusd finish 16 blocks, one convert
+//              and one multiply-add per 16 blocks. Tiles of 4 rows x 4 tokens; a tile's rows are
+//              rearranged once (gathers) and used for every token of a chunk whose activations stay in L2.
 // Output rows are split across LibTorch's intra-op threads; each output is computed by one thread in
 // one order (the same whatever tile or task it falls in), so a result does not depend on the thread count.
 #include "torchpatch/nn/quant.h"
