@@ -71,8 +71,8 @@ DecodeKernel resolve_decode_kernel(DecodeKernel choice) {
 void fast_gemv(DecodeKernel kernel, const float* w, const float* x, float* y, int64_t n, int64_t k) {
   const auto row = kernel == DecodeKernel::kAvx512 ? row_avx512 : row_avx2;
   // x read from 16 bytes past a 64-byte boundary. With x aligned as the weight's rows are (LibTorch
-  // aligns both to 64 bytes) the gemv over llama-125m's weights read 19-20 GB/s here; with x 8 or 16
-  // bytes off, 24-26 (the same process, alternated; docs/quantization.md, "The decode step"). Which
+  // aligns both to 64 bytes) the gemv over llama-125m's weights read 19-21 GB/s here; with x 4 to 16
+  // bytes off, 22-26 (the same process, alternated; docs/quantization.md, "The decode step"). Which
   // part of the core makes the difference was not pinned down; the copy is a few KB against MBs.
   thread_local std::vector<float> moved;
   moved.resize(static_cast<std::size_t>(k) + 16 + 4);
