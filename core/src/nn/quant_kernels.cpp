@@ -717,10 +717,11 @@ at::Tensor linear_avx512(QuantFormat format, QuantLayout layout, const float* sr
   std::vector<int8_t> q(tokens * in);
   std::vector<float> d(tokens * blocks);
   std::vector<int32_t> sums(tokens * blocks);
+  // kRows16's whole groups read the activations as quantized; the other rows (every row of GGUF
+  // weights, kRows16's tail rows) read them rearranged for their kernel, built only when such rows exist.
+  const int64_t grouped_rows = layout == QuantLayout::kRows16 ? out_features / block::kGroupRows * block::kGroupRows : 0;
   if (tokens < kTileTokens) {
-    // kRows16's whole groups read the activations as quantized; the pair kernel (kBlocks weights, the
-    // tail rows of kRows16) reads them expanded per pair of blocks, built only when such rows exist.
-    const int64_t grouped_rows = layout == QuantLayout::kRows16 ? out_features / block::kGroupRows * block::kGroupRows : 0;
+    // The pair kernel reads the activations expanded per pair of blocks.
     const int64_t pairs = grouped_rows < out_features ? (blocks + 1) / 2 : 0;
     std::vector<int8_t> xq(tokens * pairs * kPairBytes);
     std::vector<float> dx(tokens * pairs * 16);
@@ -746,9 +747,7 @@ at::Tensor linear_avx512(QuantFormat format, QuantLayout layout, const float* sr
     });
     return out;
   }
-  // kRows16's whole groups read the activations as quantized (the kernel above); the tail rows, and
-  // every row of GGUF weights, go through the tiles, which read them regrouped.
-  const int64_t grouped_rows = layout == QuantLayout::kRows16 ? out_features / block::kGroupRows * block::kGroupRows : 0;
+  // The tiles read the activations regrouped, 16 blocks to a register.
   const bool tiles = grouped_rows < out_features;
   const int64_t groups = tiles ? (blocks + kGroup - 1) / kGroup : 0;
   // 64-byte aligned registers' worth: LibTorch's allocator aligns to 64 bytes.
