@@ -94,7 +94,7 @@ TEST_CASE("quantized products equal the float product of the dequantized weights
 TEST_CASE("a token's outputs from kRows16 weights do not depend on how many tokens share the product",
           "[quant][kernels]") {
   // AVX-512 runs a group's 16 rows over 1, 2, 3 tokens (decoding) or 8 at a time (prefill) with the
-  // same arithmetic per token: a prompt's last token gets the logits it would get decoded alone.
+  // same arithmetic per token: a prompt's token gets from the product what it gets from it alone.
   if (!torchpatch::nn::quant_kernel_available(QuantKernel::kAvx512)) {
     WARN("no AVX-512 VNNI on this CPU: nothing to compare");
     return;

@@ -79,9 +79,8 @@ void fast_gemv(DecodeKernel kernel, const float* w, const float* x, float* y, in
   const auto aligned = (reinterpret_cast<std::uintptr_t>(moved.data()) + 63) & ~std::uintptr_t{63};
   float* shifted = reinterpret_cast<float*>(aligned) + 4;
   std::copy(x, x + k, shifted);
-  const float* xs = shifted;
   base::parallel_for(0, n, kRowsPerTask, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) y[r] = row(w + r * k, xs, k);
+    for (int64_t r = begin; r < end; ++r) y[r] = row(w + r * k, shifted, k);
   });
 }
 

@@ -419,7 +419,7 @@ TP_AVX512 void decode_avx512(const uint8_t* w, int64_t row_bytes, int64_t rows, 
 // Each group's 16 rows (a few to 50 KB of blocks) stay in L1/L2 while every token of a chunk passes;
 // a block's weight registers are loaded and unpacked once for kGroupTokens tokens. No rearranging of
 // the weights (the tiles below gather every tile of rows again for every chunk of tokens: half the
-// time of an MoE expert that sees 16 tokens), and a token's outputs are those it gets decoded alone.
+// time of an MoE expert that sees 16 tokens), and a token's outputs are those decoding gives it alone.
 
 constexpr int64_t kGroupTokens = 8;
 
@@ -714,29 +714,45 @@ at::Tensor linear_avx512(QuantFormat format, QuantLayout layout, const float* sr
     split_rows(tokens, 0, row_groups, min_groups,
                [&](int64_t begin, int64_t end) { body(begin * kRows, std::min(out_features, end * kRows)); });
   };
+  // Every token's activations quantized once. kRows16's whole groups read them as they are (plus
+  // each block's offset); the other rows (every row of GGUF weights, kRows16's tail rows) read them
+  // rearranged for their kernel, built only when such rows exist: regrouped 16 blocks to a register
+  // for the tiles (prefill), expanded per pair of blocks for the pair kernel (decoding).
+  const int64_t grouped_rows = layout == QuantLayout::kRows16 ? out_features / block::kGroupRows * block::kGroupRows : 0;
+  const bool prefill = tokens >= kTileTokens;
+  const bool other_rows = grouped_rows < out_features;
   std::vector<int8_t> q(tokens * in);
   std::vector<float> d(tokens * blocks);
   std::vector<int32_t> sums(tokens * blocks);
-  // kRows16's whole groups read the activations as quantized; the other rows (every row of GGUF
-  // weights, kRows16's tail rows) read them rearranged for their kernel, built only when such rows exist.
-  const int64_t grouped_rows = layout == QuantLayout::kRows16 ? out_features / block::kGroupRows * block::kGroupRows : 0;
-  if (tokens < kTileTokens) {
-    // The pair kernel reads the activations expanded per pair of blocks.
-    const int64_t pairs = grouped_rows < out_features ? (blocks + 1) / 2 : 0;
+  const int64_t groups = prefill && other_rows ? (blocks + kGroup - 1) / kGroup : 0;
+  // 64-byte aligned registers' worth: LibTorch's allocator aligns to 64 bytes.
+  const at::Tensor grouped = groups > 0 ? at::empty({tokens * groups * (8 + 1 + 1) * 64}, at::kByte) : at::Tensor();
+  auto* gq = groups > 0 ? reinterpret_cast<__m512i*>(grouped.data_ptr<uint8_t>()) : nullptr;
+  auto* gd = reinterpret_cast<__m512*>(gq + tokens * groups * 8);
+  auto* ginit = reinterpret_cast<__m512i*>(gd + tokens * groups);
+  // Decoding's few tokens stay on the calling thread (grain kTileTokens).
+  at::parallel_for(0, tokens, kTileTokens, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      quantize_activations_avx512(src + t * in, in, q.data() + t * in, d.data() + t * blocks, sums.data() + t * blocks);
+      if (groups > 0) {
+        group_token_avx512(q8, q.data() + t * in, d.data() + t * blocks, sums.data() + t * blocks, blocks,
+                           gq + t * groups * 8, gd + t * groups, ginit + t * groups);
+      }
+    }
+  });
+  std::vector<int32_t> offsets(grouped_rows > 0 ? tokens * blocks : 0);
+  for (std::size_t i = 0; i < offsets.size(); ++i) offsets[i] = -(q8 ? 128 : 8) * sums[i];
+  const RowTokens x{blocks, q.data(), d.data(), offsets.data()};
+
+  if (!prefill) {
+    const int64_t pairs = other_rows ? (blocks + 1) / 2 : 0;
     std::vector<int8_t> xq(tokens * pairs * kPairBytes);
     std::vector<float> dx(tokens * pairs * 16);
     std::vector<int32_t> pair_init(tokens * pairs * 16);
-    std::vector<int32_t> offsets(grouped_rows > 0 ? tokens * blocks : 0);
-    for (int64_t t = 0; t < tokens; ++t) {
-      quantize_activations_avx512(src + t * in, in, q.data() + t * in, d.data() + t * blocks, sums.data() + t * blocks);
-      if (pairs > 0) {
-        pair_token_avx512(q8, q.data() + t * in, d.data() + t * blocks, sums.data() + t * blocks, blocks,
-                          xq.data() + t * pairs * kPairBytes, dx.data() + t * pairs * 16,
-                          pair_init.data() + t * pairs * 16);
-      }
+    for (int64_t t = 0; t < tokens && pairs > 0; ++t) {
+      pair_token_avx512(q8, q.data() + t * in, d.data() + t * blocks, sums.data() + t * blocks, blocks,
+                        xq.data() + t * pairs * kPairBytes, dx.data() + t * pairs * 16, pair_init.data() + t * pairs * 16);
     }
-    for (std::size_t i = 0; i < offsets.size(); ++i) offsets[i] = -(q8 ? 128 : 8) * sums[i];
-    const RowTokens x{blocks, q.data(), d.data(), offsets.data()};
     const PairedTokens paired{pairs, xq.data(), dx.data(), pair_init.data()};
     for_rows([&](int64_t row_begin, int64_t row_end) {
       if (q8) {
@@ -747,35 +763,15 @@ at::Tensor linear_avx512(QuantFormat format, QuantLayout layout, const float* sr
     });
     return out;
   }
-  // The tiles read the activations regrouped, 16 blocks to a register.
-  const bool tiles = grouped_rows < out_features;
-  const int64_t groups = tiles ? (blocks + kGroup - 1) / kGroup : 0;
-  // 64-byte aligned registers' worth: LibTorch's allocator aligns to 64 bytes.
-  const at::Tensor grouped = at::empty({tokens * groups * (8 + 1 + 1) * 64}, at::kByte);
-  auto* xq = reinterpret_cast<__m512i*>(grouped.data_ptr<uint8_t>());
-  auto* dx = reinterpret_cast<__m512*>(xq + tokens * groups * 8);
-  auto* init = reinterpret_cast<__m512i*>(dx + tokens * groups);
-  std::vector<int32_t> offsets(grouped_rows > 0 ? tokens * blocks : 0);
-  at::parallel_for(0, tokens, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      quantize_activations_avx512(src + t * in, in, q.data() + t * in, d.data() + t * blocks, sums.data() + t * blocks);
-      if (tiles) {
-        group_token_avx512(q8, q.data() + t * in, d.data() + t * blocks, sums.data() + t * blocks, blocks,
-                           xq + t * groups * 8, dx + t * groups, init + t * groups);
-      }
-    }
-  });
-  for (std::size_t i = 0; i < offsets.size(); ++i) offsets[i] = -(q8 ? 128 : 8) * sums[i];
-  const RowTokens rows_x{blocks, q.data(), d.data(), offsets.data()};
-  const GroupedTokens x{groups, xq, dx, init};
+  const GroupedTokens regrouped{groups, gq, gd, ginit};
   for_rows([&](int64_t row_begin, int64_t row_end) {
     const int64_t split = std::clamp(grouped_rows, row_begin, row_end);
     if (q8) {
-      prefill_groups16_avx512<true>(w, row_bytes, rows_x, tokens, row_begin, split, y, out_features, bias);
-      prefill_rows_avx512<true>(w, blocks, layout, x, tokens, split, row_end, y, out_features, bias);
+      prefill_groups16_avx512<true>(w, row_bytes, x, tokens, row_begin, split, y, out_features, bias);
+      prefill_rows_avx512<true>(w, blocks, layout, regrouped, tokens, split, row_end, y, out_features, bias);
     } else {
-      prefill_groups16_avx512<false>(w, row_bytes, rows_x, tokens, row_begin, split, y, out_features, bias);
-      prefill_rows_avx512<false>(w, blocks, layout, x, tokens, split, row_end, y, out_features, bias);
+      prefill_groups16_avx512<false>(w, row_bytes, x, tokens, row_begin, split, y, out_features, bias);
+      prefill_rows_avx512<false>(w, blocks, layout, regrouped, tokens, split, row_end, y, out_features, bias);
     }
   });
   return out;
