@@ -2,7 +2,7 @@
 # The sanitizer jobs, with clang 14, as CI runs them after the release suite:
 #   asan   every test, and each fuzzer for TORCHPATCH_FUZZ_SECONDS (default 20) over its seed corpus,
 #          under ASan and UBSan, in one build that instruments core, host, plugins and tests
-#   tsan   the multi-threaded tests ([threads]: registries, scoped patches, plugin hosts, the decode team) under TSan
+#   tsan   the multi-threaded tests ([threads]: registries, scoped patches, plugin hosts, the decode team, a MoE block on two threads) under TSan
 #   fuzz   only the fuzzers of the asan build (scripts/fuzz.sh)
 #   all    asan, then tsan (the default)
 # -O1 and line tables only: these builds are for finding faults, and build time is most of their cost.

@@ -2,6 +2,10 @@
 // (see their manifest.json): logits, hidden states, router logits, chosen experts (exactly) and
 // routing weights per layer, for the padded batch, each row, and the cached decoding steps; greedy
 // generated ids exactly. With both experts implementations.
+#include <mutex>
+#include <set>
+#include <thread>
+
 #include "test_prelude.h"
 #include "test_util.h"
 
@@ -13,6 +17,7 @@
 #include "torchpatch/models/qwen2_moe.h"
 #include "torchpatch/models/qwen3_moe.h"
 #include "torchpatch/nn/rotary.h"
+#include "torchpatch/patching/build.h"
 #include "torchpatch/patching/outputs.h"
 #include "torchpatch/patching/registry.h"
 #include "torchpatch/plugin_host.h"
@@ -316,4 +321,57 @@ TEST_CASE("experts refuse an expert index outside their range, whatever its inte
     CHECK(experts.forward(hidden, at::tensor(std::vector<int64_t>{0, 7, 2, 1}).view({2, 2}).to(dtype), weights)
               .sizes() == hidden.sizes());
   }
+}
+
+namespace {
+// Qwen2-MoE's MLP, noting the threads that ran it (the shared expert is its only use in the case).
+std::mutex mlp_threads_mutex;
+std::set<std::thread::id> mlp_threads;
+class ThreadNotingMlp : public qwen2_moe::Qwen2MoeMLP {
+ public:
+  using Qwen2MoeMLP::Qwen2MoeMLP;
+  at::Tensor forward(const at::Tensor& x) override {
+    {
+      std::lock_guard<std::mutex> lock(mlp_threads_mutex);
+      mlp_threads.insert(std::this_thread::get_id());
+    }
+    return Qwen2MoeMLP::forward(x);
+  }
+};
+
+// Greedy decoding of row 0's prompt (a batch of one) at `threads` intra-op threads; which threads ran
+// the shared expert land in mlp_threads.
+GenerationOutput decode_alone(PretrainedModel& model, int threads, const std::vector<std::string>& outputs) {
+  const Case c("qwen2_moe_basic");
+  const int previous = at::get_num_threads();
+  at::set_num_threads(threads);
+  mlp_threads.clear();
+  GenerationConfig greedy;
+  greedy.max_new_tokens = 6;
+  greedy.output_logits = true;
+  greedy.outputs = outputs;
+  auto out = generate(model, c.get("input_ids").narrow(0, 0, 1), {}, greedy);
+  at::set_num_threads(previous);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("a decoded token's shared expert runs beside the routed experts on a second thread, with the same numbers",
+          "[moe][threads]") {
+  ScopedPatchMapping patch({{"Qwen2MoeMLP", module_class<ThreadNotingMlp>("ThreadNotingMlp")}});
+  const auto model = load(Case("qwen2_moe_basic"), "grouped");
+  const auto one = decode_alone(*model, 1, {});
+  CHECK(mlp_threads == std::set<std::thread::id>{std::this_thread::get_id()});
+  const auto two = decode_alone(*model, 2, {});
+  // The prompt's forward (several tokens) stays on this thread; decoding steps run it on the other.
+  CHECK(mlp_threads.size() == 2);
+  CHECK(at::equal(one.sequences, two.sequences));
+  for (size_t step = 0; step < one.logits.size(); ++step) {
+    INFO("step " << step << ": max |two threads - one| = " << (two.logits[step] - one.logits[step]).abs().max().item<double>());
+    CHECK(same_bits(two.logits[step], one.logits[step]));
+  }
+  // A capture records its own thread's calls: while one is open everything stays on this thread.
+  const auto captured = decode_alone(*model, 2, {"router_logits"});
+  CHECK(mlp_threads == std::set<std::thread::id>{std::this_thread::get_id()});
+  CHECK(at::equal(captured.sequences, one.sequences));
 }

@@ -3,8 +3,13 @@
 #include <cmath>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 
+#include "base/parallel.h"
+#include "torchpatch/dist/process_group.h"
 #include "torchpatch/patching/build.h"
+#include "torchpatch/patching/outputs.h"
 
 namespace torchpatch {
 
@@ -80,12 +85,38 @@ SparseMoeBlock::SparseMoeBlock(const BuildContext& ctx, const DecoderSpec& spec)
   }
 }
 
+namespace {
+// Decoding one token with a second thread: the shared expert runs on it while this thread routes and
+// runs the chosen experts. Each half reads about as many weights as the other, and at one token their
+// dispatched ops cost as much as their products, which splitting each product does not shorten. Not
+// while outputs are captured (a capture sees only its own thread's calls), gradients are wanted, or
+// a process group is active (parallel halves would issue their collectives in either order).
+bool overlap_shared_expert(const at::Tensor& x) {
+  return x.size(0) == 1 && at::get_num_threads() > 1 && !at::GradMode::is_enabled() && !capturing_outputs() &&
+         !dist::active_group();
+}
+}  // namespace
+
 at::Tensor SparseMoeBlock::forward(const at::Tensor& hidden) {
   const auto shape = hidden.sizes().vec();
   const auto x = hidden.reshape({-1, shape.back()});  // [T, H], rows b*S+t
-  const auto routed = gate->forward(x);
-  auto out = experts->forward(x, routed.indices, routed.scores);
-  if (shared_expert) out = out + at::sigmoid(shared_expert_gate->forward(x)) * shared_expert->forward(x);
+  at::Tensor out, shared;
+  const auto run_routed = [&] {
+    const auto routed = gate->forward(x);
+    out = experts->forward(x, routed.indices, routed.scores);
+  };
+  const auto run_shared = [&] { shared = at::sigmoid(shared_expert_gate->forward(x)) * shared_expert->forward(x); };
+  if (shared_expert && overlap_shared_expert(x)) {
+    const at::ThreadLocalState state;  // inference mode and the rest, for the other thread
+    base::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {
+      const at::ThreadLocalStateGuard guard(state);
+      for (int64_t half = begin; half < end; ++half) half == 0 ? run_routed() : run_shared();
+    });
+  } else {
+    run_routed();
+    if (shared_expert) run_shared();
+  }
+  if (shared.defined()) out = out + shared;
   return out.view(shape);
 }
 
