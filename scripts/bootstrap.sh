@@ -8,6 +8,7 @@ packages=(cmake ninja-build g++ ccache pkg-config
           libtorch-dev libopenblas0-openmp          # LibTorch, and the BLAS it should use (14x the reference BLAS)
           libgloo-dev                              # the Gloo headers c10d's ProcessGroupGloo needs
           libdnnl-dev                              # oneDNN's sgemm for float32 prefill (LibTorch loads the library)
+          libsleef-dev                             # Sleef's vector expf for decode attention (LibTorch loads the library)
           libboost-dev libboost-regex-dev          # Boost.DLL (headers), Boost.Regex
           libicu-dev                               # Unicode normalization and properties (tokenizers)
           catch2 libfmt-dev nlohmann-json3-dev)

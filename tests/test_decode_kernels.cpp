@@ -30,6 +30,7 @@ TEST_CASE("attention for a few query rows equals the matmul path: grouped heads,
       {8, 2, 1, 37, 64, true, false, true},      // grouped-query heads, a padded row
       {4, 2, 3, 9, 80, true, true, false},       // three query rows, a head size that is not a multiple of 16
       {2, 1, 2, 1, 8, false, true, true},        // one cached token, a tiny head
+      {8, 8, 1, 700, 64, true, true, true},      // a long cache (its softmax once went to OpenMP), capped
   };
   for (const auto& c : cases) {
     const int64_t batch = 2;

@@ -1,15 +1,27 @@
 // A decoding step has one query row per head against the whole cache. As a batched matmul that is
 // one sgemm per head with M = 1, and OpenBLAS packs (copies) every cached key and value before it
 // multiplies: in a profile of 800 decoded tokens the packing alone took 16% of the time. Here each
-// row's scores are dot products straight off the cache, the softmax is one LibTorch op over all
-// rows, and each row's output is a weighted sum of cached values: every cached byte is read once.
+// row goes through in one pass on one thread: scores as dot products straight off the cache, its
+// softmax, and its output as a weighted sum of cached values; every cached byte is read once. (The
+// softmax was one LibTorch op over all rows; past ~250 cached tokens it opened an OpenMP region,
+// whose worker then spun for milliseconds on the core the decode team's worker needed.)
 #include "nn/attention_decode.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
 
 #include <ATen/ATen.h>
 
 #include "base/parallel.h"
 
 #include "base/x86_intrinsics.h"
+
+// Sleef's AVX2 expf (libsleef). sleef.h declares it only when the whole file is compiled for AVX;
+// this one is compiled for any x86-64 and picks its AVX2 kernels at run time.
+#if defined(__x86_64__)
+extern "C" __m256 Sleef_expf8_u10avx2(__m256);
+#endif
 
 namespace torchpatch::nn {
 
@@ -59,6 +71,41 @@ __attribute__((target("avx2,fma"))) void weighted_sum_avx2(const float* p, const
   }
 }
 
+// x[0, n) = softmax(x): exp(x - max) by Sleef's vector expf (1.0 ulp; LibTorch's softmax uses it too),
+// then times 1 / sum.
+__attribute__((target("avx2,fma"))) void softmax_avx2(float* x, int64_t n) {
+  const float lowest = std::numeric_limits<float>::lowest();
+  __m256 vmax = _mm256_set1_ps(lowest);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + j));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmax);
+  float max = lowest;
+  for (float lane : lanes) max = std::max(max, lane);
+  for (int64_t t = j; t < n; ++t) max = std::max(max, x[t]);
+  const __m256 shift = _mm256_set1_ps(max);
+  __m256 vsum = _mm256_setzero_ps();
+  for (j = 0; j + 8 <= n; j += 8) {
+    const __m256 e = Sleef_expf8_u10avx2(_mm256_sub_ps(_mm256_loadu_ps(x + j), shift));
+    _mm256_storeu_ps(x + j, e);
+    vsum = _mm256_add_ps(vsum, e);
+  }
+  if (j < n) {  // the tail through one more vector, its missing lanes exp(lowest) = 0
+    for (auto& lane : lanes) lane = lowest;
+    for (int64_t t = j; t < n; ++t) lanes[t - j] = x[t];
+    const __m256 e = Sleef_expf8_u10avx2(_mm256_sub_ps(_mm256_load_ps(lanes), shift));
+    _mm256_store_ps(lanes, e);
+    for (int64_t t = j; t < n; ++t) x[t] = lanes[t - j];
+    vsum = _mm256_add_ps(vsum, e);
+  }
+  _mm256_store_ps(lanes, vsum);
+  float sum = 0;
+  for (float lane : lanes) sum += lane;
+  const __m256 scale = _mm256_set1_ps(1.0f / sum);
+  for (j = 0; j + 8 <= n; j += 8) _mm256_storeu_ps(x + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), scale));
+  for (; j < n; ++j) x[j] *= 1.0f / sum;
+}
+
 bool has_avx2() {
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return has;
@@ -67,6 +114,7 @@ bool has_avx2() {
 bool has_avx2() { return false; }
 float dot_avx2(const float*, const float*, int64_t) { return 0; }
 void weighted_sum_avx2(const float*, const float*, int64_t, int64_t, float*, int64_t) {}
+void softmax_avx2(float*, int64_t) {}
 #endif
 
 float dot_scalar(const float* a, const float* b, int64_t n) {
@@ -81,6 +129,13 @@ void weighted_sum_scalar(const float* p, const float* v, int64_t stride, int64_t
     for (int64_t s = 0; s < n; ++s) sum += p[s] * v[s * stride + c];
     out[c] = sum;
   }
+}
+
+void softmax_scalar(float* x, int64_t n) {
+  float max = std::numeric_limits<float>::lowest(), sum = 0;
+  for (int64_t j = 0; j < n; ++j) max = std::max(max, x[j]);
+  for (int64_t j = 0; j < n; ++j) sum += (x[j] = std::exp(x[j] - max));
+  for (int64_t j = 0; j < n; ++j) x[j] *= 1.0f / sum;
 }
 
 }  // namespace
@@ -102,41 +157,39 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k, const a
   const int64_t kv_len = k.size(2), groups = heads / k.size(1);
   const int64_t rows = b * heads * len;
   const auto row = [&](int64_t r) { return RowIndex{r / (heads * len), r / len % heads, r % len}; };
-  const auto dot = has_avx2() ? dot_avx2 : dot_scalar;
-  const auto weighted_sum = has_avx2() ? weighted_sum_avx2 : weighted_sum_scalar;
+  const bool avx2 = has_avx2();
+  const auto dot = avx2 ? dot_avx2 : dot_scalar;
+  const auto weighted_sum = avx2 ? weighted_sum_avx2 : weighted_sum_scalar;
+  const auto softmax = avx2 ? softmax_avx2 : softmax_scalar;
   const float* qp = q.data_ptr<float>();
   const float* kp = k.data_ptr<float>();
   const float* vp = v.data_ptr<float>();
-  const auto grain = [&](int64_t work_per_row) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(work_per_row, 1)); };
-
-  // scores [B, nH, Q, KV] = q k^T * scaling
-  auto scores = at::empty({b, heads, len, kv_len}, q.options());
-  float* sp = scores.data_ptr<float>();
+  // The mask as [B, nH, Q, KV] strides (0 along the dimensions it broadcasts over).
+  const at::Tensor m = mask.defined() ? mask.expand({b, heads, len, kv_len}) : at::Tensor();
+  const float* mp = m.defined() ? m.data_ptr<float>() : nullptr;
   const float scale = static_cast<float>(scaling);
-  base::parallel_for(0, rows, grain(kv_len * hd), [&](int64_t begin, int64_t end) {
+  const float cap = softcap ? static_cast<float>(*softcap) : 0.0f;
+
+  // out [B, Q, nH, hd] = softmax(q k^T * scaling (soft-capped) + mask) v, row by row
+  auto out = at::empty({b, len, heads, hd}, q.options());
+  float* op = out.data_ptr<float>();
+  base::parallel_for(0, rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(kv_len * hd, 1)), [&](int64_t begin, int64_t end) {
+    std::vector<float> p(static_cast<std::size_t>(kv_len));
     for (int64_t r = begin; r < end; ++r) {
       const auto [bi, h, i] = row(r);
       const float* qr = qp + bi * q.stride(0) + h * q.stride(1) + i * q.stride(2);
       const float* kr = kp + bi * k.stride(0) + (h / groups) * k.stride(1);
-      float* out = sp + r * kv_len;
-      for (int64_t s = 0; s < kv_len; ++s) out[s] = dot(qr, kr + s * k.stride(2), hd) * scale;
-    }
-  });
-  if (softcap) scores = at::tanh(scores / *softcap) * *softcap;
-  if (mask.defined()) scores.add_(mask);
-  const auto probs = at::softmax(scores, -1).contiguous();
-  const float* pp = probs.data_ptr<float>();
-
-  // out [B, Q, nH, hd] = probs v
-  auto out = at::empty({b, len, heads, hd}, q.options());
-  float* op = out.data_ptr<float>();
-  base::parallel_for(0, rows, grain(kv_len * hd), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const auto [bi, h, i] = row(r);
+      for (int64_t s = 0; s < kv_len; ++s) p[s] = dot(qr, kr + s * k.stride(2), hd) * scale;
+      if (softcap) {
+        for (auto& x : p) x = std::tanh(x / cap) * cap;
+      }
+      if (mp) {
+        const float* mr = mp + bi * m.stride(0) + h * m.stride(1) + i * m.stride(2);
+        for (int64_t s = 0; s < kv_len; ++s) p[s] += mr[s * m.stride(3)];
+      }
+      softmax(p.data(), kv_len);
       const float* vr = vp + bi * v.stride(0) + (h / groups) * v.stride(1);
-      const float* p = pp + r * kv_len;
-      float* o = op + ((bi * len + i) * heads + h) * hd;
-      weighted_sum(p, vr, v.stride(2), kv_len, o, hd);
+      weighted_sum(p.data(), vr, v.stride(2), kv_len, op + ((bi * len + i) * heads + h) * hd, hd);
     }
   });
   return out;
