@@ -20,7 +20,7 @@
 // Sleef's AVX2 expf (libsleef). sleef.h declares it only when the whole file is compiled for AVX;
 // this one is compiled for any x86-64 and picks its AVX2 kernels at run time.
 #if defined(__x86_64__)
-extern "C" __m256 Sleef_expf8_u10avx2(__m256);
+extern "C" __attribute__((target("avx2,fma"))) __m256 Sleef_expf8_u10avx2(__m256);
 #endif
 
 namespace torchpatch::nn {
