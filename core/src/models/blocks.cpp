@@ -8,6 +8,7 @@
 
 #include "base/parallel.h"
 #include "torchpatch/dist/process_group.h"
+#include "torchpatch/nn/linear.h"
 #include "torchpatch/patching/build.h"
 #include "torchpatch/patching/outputs.h"
 
@@ -88,11 +89,14 @@ SparseMoeBlock::SparseMoeBlock(const BuildContext& ctx, const DecoderSpec& spec)
 namespace {
 // Decoding one token with a second thread: the shared expert runs on it while this thread routes and
 // runs the chosen experts. Each half reads about as many weights as the other, and at one token their
-// dispatched ops cost as much as their products, which splitting each product does not shorten. Not
-// while outputs are captured (a capture sees only its own thread's calls), gradients are wanted, or
-// a process group is active (parallel halves would issue their collectives in either order).
+// dispatched ops cost as much as their products, which splitting each product does not shorten. Only
+// in float32 on torchpatch's own product kernels: the system BLAS and LibTorch's other-dtype products
+// bring OpenMP threads of their own to the second thread (prefill ran at half speed afterwards).
+// Not while outputs are captured (a capture sees only its own thread's calls), gradients are wanted,
+// or a process group is active (the halves would issue their collectives in either order).
 bool overlap_shared_expert(const at::Tensor& x) {
-  return x.size(0) == 1 && at::get_num_threads() > 1 && !at::GradMode::is_enabled() && !capturing_outputs() &&
+  return x.size(0) == 1 && x.scalar_type() == at::kFloat && at::get_num_threads() > 1 &&
+         nn::decode_kernel() != nn::DecodeKernel::kBlas && !at::GradMode::is_enabled() && !capturing_outputs() &&
          !dist::active_group();
 }
 }  // namespace

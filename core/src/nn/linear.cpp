@@ -41,7 +41,7 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias) {
 }
 
 namespace {
-std::atomic<DecodeKernel> decode_kernel{DecodeKernel::kAuto};
+std::atomic<DecodeKernel> chosen_decode_kernel{DecodeKernel::kAuto};
 std::atomic<MatmulKernel> matmul_kernel{MatmulKernel::kOneDnn};
 
 // y = x W^T (x [rows, k]) for float32 and float64 without gradients; undefined where at::linear is the
@@ -50,7 +50,7 @@ at::Tensor product(const at::Tensor& x, const at::Tensor& weight) {
   const int64_t rows = x.size(0), n = weight.size(0), k = weight.size(1);
   const bool float32 = x.scalar_type() == at::kFloat;
   if (rows == 1) {
-    const auto kernel = resolve_decode_kernel(decode_kernel.load(std::memory_order_relaxed));
+    const auto kernel = decode_kernel();
     if (kernel == DecodeKernel::kBlas || !float32) return at::mv(weight, x.reshape({-1})).view({1, n});
     auto y = at::empty({1, n}, x.options());
     fast_gemv(kernel, weight.data_ptr<float>(), x.data_ptr<float>(), y.data_ptr<float>(), n, k);
@@ -63,7 +63,8 @@ at::Tensor product(const at::Tensor& x, const at::Tensor& weight) {
 }
 }  // namespace
 
-DecodeKernel set_decode_kernel(DecodeKernel kernel) { return decode_kernel.exchange(kernel); }
+DecodeKernel set_decode_kernel(DecodeKernel kernel) { return chosen_decode_kernel.exchange(kernel); }
+DecodeKernel decode_kernel() { return resolve_decode_kernel(chosen_decode_kernel.load(std::memory_order_relaxed)); }
 MatmulKernel set_matmul_kernel(MatmulKernel kernel) { return matmul_kernel.exchange(kernel); }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {

@@ -48,6 +48,8 @@ enum class DecodeKernel {
 
 /// Chooses the kernel for the whole process (benchmarks compare them); returns the previous choice.
 TORCHPATCH_API DecodeKernel set_decode_kernel(DecodeKernel kernel);
+/// The kernel single-row float32 products run on now, as resolved for this CPU (never kAuto).
+TORCHPATCH_API DecodeKernel decode_kernel();
 
 /// How a float32 product of several rows (prefill, batches) is computed.
 enum class MatmulKernel {
