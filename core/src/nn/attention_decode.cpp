@@ -101,9 +101,10 @@ __attribute__((target("avx2,fma"))) void softmax_avx2(float* x, int64_t n) {
   _mm256_store_ps(lanes, vsum);
   float sum = 0;
   for (float lane : lanes) sum += lane;
-  const __m256 scale = _mm256_set1_ps(1.0f / sum);
+  const float inverse = 1.0f / sum;
+  const __m256 scale = _mm256_set1_ps(inverse);
   for (j = 0; j + 8 <= n; j += 8) _mm256_storeu_ps(x + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), scale));
-  for (; j < n; ++j) x[j] *= 1.0f / sum;
+  for (; j < n; ++j) x[j] *= inverse;
 }
 
 bool has_avx2() {
@@ -135,7 +136,8 @@ void softmax_scalar(float* x, int64_t n) {
   float max = std::numeric_limits<float>::lowest(), sum = 0;
   for (int64_t j = 0; j < n; ++j) max = std::max(max, x[j]);
   for (int64_t j = 0; j < n; ++j) sum += (x[j] = std::exp(x[j] - max));
-  for (int64_t j = 0; j < n; ++j) x[j] *= 1.0f / sum;
+  const float inverse = 1.0f / sum;
+  for (int64_t j = 0; j < n; ++j) x[j] *= inverse;
 }
 
 }  // namespace
@@ -173,7 +175,8 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k, const a
   // out [B, Q, nH, hd] = softmax(q k^T * scaling (soft-capped) + mask) v, row by row
   auto out = at::empty({b, len, heads, hd}, q.options());
   float* op = out.data_ptr<float>();
-  base::parallel_for(0, rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(kv_len * hd, 1)), [&](int64_t begin, int64_t end) {
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(kv_len * hd, 1));  // rows a part takes
+  base::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> p(static_cast<std::size_t>(kv_len));
     for (int64_t r = begin; r < end; ++r) {
       const auto [bi, h, i] = row(r);
