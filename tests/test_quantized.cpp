@@ -24,10 +24,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-void load_bundled_plugins() {
+PluginHost& load_bundled_plugins() {
   static PluginHost host;
   static const bool loaded = (host.load_directory(TORCHPATCH_BUNDLED_PLUGIN_DIR, PluginMode::Catalogue), true);
   (void)loaded;
+  return host;
 }
 
 // What --quantize FORMAT asks for: llama.cpp's defaults.
@@ -196,6 +197,64 @@ TEST_CASE("a quantized model saves as blocks and loads back bit for bit", "[quan
   }
 }
 
+TEST_CASE("FusedQKVAttention with quantized projections: qkv_proj holds q, k and v's blocks", "[quant][fused]") {
+  // Quantization is per row along the input, so the fused projection's blocks are the three
+  // projections' blocks stacked: its logits equal the unfused quantized model's (the same products,
+  // row for row), and it saves back to the hub's q/k/v blocks byte for byte.
+  const auto fused_class = *load_bundled_plugins().find_class("FusedQKVAttention");
+  for (const auto& [name, attention] : {std::pair<std::string, std::string>{"llama_basic", "LlamaAttention"},
+                                        {"mistral_sliding_window", "MistralAttention"}}) {
+    for (const auto& [format_name, format] :
+         {std::pair<std::string, QuantFormat>{"q8_0", QuantFormat::kQ8_0}, {"q4_0", QuantFormat::kQ4_0}}) {
+      INFO(name << " " << format_name);
+      const auto unfused = load_case(name, quantized(format_name));
+      std::shared_ptr<PretrainedModel> fused;
+      {
+        ScopedPatchMapping patch({{attention, fused_class}});
+        fused = load_case(name, quantized(format_name));
+      }
+      const auto points = points_by_path(*fused);
+      REQUIRE(points.at("model.layers.0.self_attn")->patch_record().class_name == "FusedQKVAttention");
+      CHECK(points.at("model.layers.0.self_attn.qkv_proj")->patch_record().class_name ==
+            (format == QuantFormat::kQ8_0 ? "Q8_0Linear" : "Q4_0Linear"));
+      const std::string layer = "model.layers.1.self_attn.";
+      CHECK(at::equal(gguf_blocks(*fused, layer + "qkv_proj.weight", format),
+                      at::cat({gguf_blocks(*unfused, layer + "q_proj.weight", format),
+                               gguf_blocks(*unfused, layer + "k_proj.weight", format),
+                               gguf_blocks(*unfused, layer + "v_proj.weight", format)})));
+
+      const auto ref = reference(name);
+      const auto mask = ref->find("attention_mask") ? ref->tensor("attention_mask") : at::Tensor();
+      CHECK(testutil::close(name + " " + format_name + " fused against unfused, quantized",
+                            batch_logits(*fused, *ref), batch_logits(*unfused, *ref), mask, 1e-5, 1e-5));
+
+      testutil::ScratchDir kept("fused-quantized-" + name + "-" + format_name);
+      checkpoint::save_pretrained(*fused, kept.path);  // blocks kept: the hub's q/k/v names, GGUF's blocks
+      testutil::ScratchDir plain("unfused-quantized-" + name + "-" + format_name);
+      checkpoint::save_pretrained(*unfused, plain.path);
+      const auto saved = checkpoint::Checkpoint::open(kept.path), expected = checkpoint::Checkpoint::open(plain.path);
+      REQUIRE(saved.keys() == expected.keys());
+      for (const auto& key : saved.keys()) {
+        INFO(key);
+        CHECK(at::equal(saved.tensor(key), expected.tensor(key)));
+      }
+      {
+        ScopedPatchMapping patch({{attention, fused_class}});  // and back into the fused model
+        const auto reloaded = load_case(kept.path.string());
+        CHECK(at::equal(parameter(*reloaded, layer + "qkv_proj.weight"), parameter(*fused, layer + "qkv_proj.weight")));
+      }
+      testutil::ScratchDir dequantized("fused-dequantized-" + name + "-" + format_name);
+      checkpoint::SaveOptions float_layout;
+      float_layout.dequantize = true;
+      checkpoint::save_pretrained(*fused, dequantized.path, float_layout);
+      const auto floats = checkpoint::Checkpoint::open(dequantized.path);
+      const auto q = floats.tensor(layer + "q_proj.weight");
+      CHECK(q.scalar_type() == at::kFloat);
+      CHECK(at::equal(q, nn::dequantize(format, gguf_blocks(*unfused, layer + "q_proj.weight", format), "q")));
+    }
+  }
+}
+
 TEST_CASE("quantized experts stored fused under the module's names load laid out as per expert", "[quant][checkpoint]") {
   const auto model = load_case("qwen2_moe_basic", quantized("q4_0"));
   testutil::ScratchDir dir("quantized-fused-experts");
@@ -322,18 +381,31 @@ TEST_CASE("cli: --quantize on run, plan and save", "[quant][cli]") {
   CHECK_THAT(strict.out, Contains("FAIL"));
 
   // bench on a quantized MoE checkpoint: the float expert variants and the quantized variants would not
-  // fit its blocks, so only the model as built (and its BLAS variant) is measured.
+  // fit its blocks, so the model as built, its BLAS variant and FusedQKVAttention (quantized too) are measured.
   testutil::ScratchDir moe("cli-quantized-moe");
   REQUIRE(torchpatch_cli("save --model " + (testutil::data_dir() / "qwen2_moe_basic").string() +
                          " --quantize q4_0 --out " + moe.path.string())
               .code == 0);
   const auto bench = torchpatch_cli("bench --model " + moe.path.string() +
-                                    " --prompt-len 8 --decode-tokens 2 --repeats 1 --no-fused --json");
+                                    " --prompt-len 8 --decode-tokens 2 --repeats 1 --json");
   INFO(bench.out);
   REQUIRE(bench.code == 0);
   const auto report = nlohmann::json::parse(bench.out);
-  REQUIRE(report["results"].size() == 2);
+  REQUIRE(report["results"].size() == 3);
   CHECK(report["results"][1]["variant"] == "built-in, system BLAS");
+  CHECK(report["results"][2]["variant"] == "FusedQKVAttention");
+
+  // --quantize on a float model: every variant but the quantized ones (the model is one), fused included.
+  for (const char* format : {"q8_0", "q4_0"}) {
+    const auto fused = torchpatch_cli(std::string("bench --preset tiny-llama --quantize ") + format +
+                                      " --prompt-len 8 --decode-tokens 2 --repeats 1 --json");
+    INFO(fused.out);
+    REQUIRE(fused.code == 0);
+    const auto rows = nlohmann::json::parse(fused.out)["results"];
+    REQUIRE(rows.size() == 3);
+    CHECK(rows[2]["variant"] == "FusedQKVAttention");
+    CHECK(rows[2]["weight_bytes_per_token"] == rows[0]["weight_bytes_per_token"]);  // blocks, as the model's
+  }
 
   const auto bad = torchpatch_cli("run --model " + testutil::llama_dir() + " --prompt-ids 1 --quantize q3_k");
   CHECK(bad.code != 0);

@@ -1,6 +1,7 @@
 // Conversion rules: their registry, reversal, and routing checkpoint keys through them.
 #include "torchpatch/checkpoint/conversion.h"
 
+#include <algorithm>
 #include <mutex>
 
 #include <boost/regex.hpp>
@@ -170,6 +171,33 @@ struct ConversionPlan::Compiled {
   bool exclusive = false;
   ConversionRules rules;
   std::vector<std::vector<boost::regex>> sources;  // per rule, per source pattern
+
+  bool holds(const std::string& key) const { return key.compare(0, prefix.size(), prefix) == 0; }
+
+  // The route through this scope's first converter whose source matches `key` (which it holds).
+  std::optional<Route> first_converter(const std::string& key, std::size_t scope) const {
+    const std::string rel = key.substr(prefix.size());
+    for (std::size_t r = 0; r < rules.size(); ++r) {
+      const auto* conv = std::get_if<WeightConverter>(&rules[r]);
+      if (!conv) continue;
+      for (std::size_t s = 0; s < conv->sources.size(); ++s) {
+        boost::smatch m;
+        if (!search_pattern(rel, m, sources[r][s])) continue;
+        Route route;
+        route.converter = conv;
+        route.source_index = s;
+        route.scope = scope;
+        for (const auto& target : conv->targets) {
+          std::string out = rel;
+          out.replace(static_cast<std::size_t>(m[0].first - rel.begin()), static_cast<std::size_t>(m[0].length()),
+                      render_target(target, m));
+          route.target_keys.push_back(prefix + out);
+        }
+        return route;
+      }
+    }
+    return std::nullopt;
+  }
 };
 
 ConversionPlan::ConversionPlan(std::vector<ScopedRules> scoped) {
@@ -234,29 +262,29 @@ ConversionPlan::Route ConversionPlan::route(const std::string& key) const {
     }
   }
   // Then the first converter that matches.
-  for (const auto& c : compiled_) {
-    if (shut_out(*c) || current.compare(0, c->prefix.size(), c->prefix) != 0) continue;
-    const std::string rel = current.substr(c->prefix.size());
-    for (std::size_t r = 0; r < c->rules.size(); ++r) {
-      const auto* conv = std::get_if<WeightConverter>(&c->rules[r]);
-      if (!conv) continue;
-      for (std::size_t s = 0; s < conv->sources.size(); ++s) {
-        boost::smatch m;
-        if (!search_pattern(rel, m, c->sources[r][s])) continue;
-        Route route;
-        route.converter = conv;
-        route.source_index = s;
-        for (const auto& target : conv->targets) {
-          std::string out = rel;
-          out.replace(static_cast<std::size_t>(m[0].first - rel.begin()), static_cast<std::size_t>(m[0].length()),
-                      render_target(target, m));
-          route.target_keys.push_back(c->prefix + out);
-        }
-        return route;
-      }
-    }
+  for (std::size_t i = 0; i < compiled_.size(); ++i) {
+    const auto& c = *compiled_[i];
+    if (shut_out(c) || !c.holds(current)) continue;
+    if (auto found = c.first_converter(current, i)) return std::move(*found);
   }
   return Route{{current}, nullptr, 0};
+}
+
+std::optional<ConversionPlan::Route> ConversionPlan::then(const std::string& key, std::size_t scope,
+                                                          bool inward) const {
+  const std::size_t depth = compiled_.at(scope)->prefix.size();
+  const Compiled* next = nullptr;
+  std::size_t next_index = 0;
+  for (std::size_t i = 0; i < compiled_.size(); ++i) {
+    const auto& c = *compiled_[i];
+    if (!c.exclusive || !c.holds(key) || (inward ? c.prefix.size() <= depth : c.prefix.size() >= depth)) continue;
+    if (!next || (inward ? c.prefix.size() < next->prefix.size() : c.prefix.size() > next->prefix.size())) {
+      next = &c;
+      next_index = i;
+    }
+  }
+  if (!next) return std::nullopt;
+  return next->first_converter(key, next_index);
 }
 
 }  // namespace torchpatch::checkpoint

@@ -54,6 +54,7 @@ struct Group {
   const WeightConverter* converter = nullptr;
   std::vector<std::string> target_keys;
   std::vector<std::vector<std::string>> source_keys;  // per source pattern, in natural order
+  std::size_t scope = 0;                              // the plan's scope of the converter
 };
 
 // Groups keyed by their first target, in the order they were first seen.
@@ -64,7 +65,7 @@ class Groups {
     auto [it, fresh] = groups_.try_emplace(route.key());
     if (fresh) {
       it->second = Group{route.converter, route.target_keys,
-                         std::vector<std::vector<std::string>>(route.converter->sources.size())};
+                         std::vector<std::vector<std::string>>(route.converter->sources.size()), route.scope};
       order_.push_back(route.key());
     } else if (it->second.converter != route.converter) {
       return fmt::format("'{}' is produced by two rules: {} and {} (from '{}')", route.key(),
@@ -112,6 +113,32 @@ std::vector<std::pair<std::string, at::Tensor>> run_group(const Group& group,
       if (star != std::string::npos) name.replace(star, 3, fmt::format(".{}.", i));  // experts.*.w -> experts.i.w
       out.emplace_back(std::move(name), std::move(tensors[i]));
     }
+  }
+  return out;
+}
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// A converter's outputs, each on through the converters that follow it in nested scopes
+// (ConversionPlan::then): inward when loading, outward when saving. `used` collects their names.
+NamedTensors follow_on(const ConversionPlan& plan, NamedTensors produced, std::size_t scope, bool inward,
+                       std::set<std::string>& used) {
+  NamedTensors out;
+  for (auto& [key, tensor] : produced) {
+    const auto next = plan.then(key, scope, inward);
+    if (!next) {
+      out.emplace_back(key, std::move(tensor));
+      continue;
+    }
+    if (next->converter->sources.size() != 1) {
+      throw Error(fmt::format("'{}' goes on to {}, which gathers several sources; a rule that follows another "
+                              "takes its tensors one at a time",
+                              key, describe(*next->converter)));
+    }
+    const Group single{next->converter, next->target_keys, {{key}}, next->scope};
+    auto converted = run_group(single, [&](const std::string&) { return tensor; });
+    used.insert(describe(*next->converter));
+    for (auto& item : follow_on(plan, std::move(converted), next->scope, inward, used)) out.push_back(std::move(item));
   }
   return out;
 }
@@ -333,7 +360,8 @@ class WeightLoad {
       if (report_.conversion_errors.count(target)) continue;
       const Group& group = groups_.at(target);
       try {
-        for (const auto& [name, value] : run_group(group, [&](const std::string& k) { return ckpt_.tensor(k); })) {
+        auto produced = run_group(group, [&](const std::string& k) { return ckpt_.tensor(k); });
+        for (const auto& [name, value] : follow_on(plan_, std::move(produced), group.scope, /*inward=*/true, used)) {
           store(name, value);
         }
         used.insert(describe(*group.converter));
@@ -464,7 +492,11 @@ std::vector<std::pair<std::string, at::Tensor>> hub_state_dict(const Loadable& m
   for (const auto& target : groups.order()) {
     const Group& group = groups.at(target);
     try {
-      for (auto& item : run_group(group, [&](const std::string& k) { return state.at(k); })) out.push_back(std::move(item));
+      std::set<std::string> used;
+      auto produced = run_group(group, [&](const std::string& k) { return state.at(k); });
+      for (auto& item : follow_on(plan, std::move(produced), group.scope, /*inward=*/false, used)) {
+        out.push_back(std::move(item));
+      }
     } catch (const std::exception& e) {
       throw CheckpointError(fmt::format("saving {}: {} for '{}': {}", model.class_name(), describe(*group.converter),
                                         target, e.what()));

@@ -153,10 +153,18 @@ class TORCHPATCH_API ConversionPlan {
     std::vector<std::string> target_keys;     ///< full key per converter target (one entry for renamings)
     const WeightConverter* converter = nullptr;  ///< null: a plain (possibly renamed) tensor
     std::size_t source_index = 0;             ///< which converter source collects this key
+    std::size_t scope = 0;                    ///< the scope whose rule this is (an index into the plan)
     const std::string& key() const { return target_keys.front(); }
   };
   /// The route of checkpoint key `key`.
   Route route(const std::string& key) const;
+  /// Where the tensor a converter of scope `scope` (its Route::scope) produced as `key` goes next: the
+  /// first converter matching it in the nearest exclusive scope inside that one (`inward`, loading) or
+  /// around it (saving), or
+  /// nullopt. A module's replacement and the replacement of one of its children compose this way:
+  /// FusedQKVAttention concatenates q/k/v into `qkv_proj.weight`, which the quantized Linear at
+  /// `qkv_proj` then quantizes; saving, the Linear's reverse unpacks and the attention's splits.
+  std::optional<Route> then(const std::string& key, std::size_t scope, bool inward) const;
   bool empty() const;
 
  private:
