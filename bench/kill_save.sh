@@ -39,8 +39,8 @@ for ((i = 0; i < kills; i++)); do
   wait "$pid" 2>/dev/null || true
   type=$(loads_as "$ckpt")
   outcomes[$type]=$(( ${outcomes[$type]:-0} + 1 ))
-  leftovers=$(find "$work" -maxdepth 1 -name '.ckpt.saving-*' | wc -l)
-  echo "kill $i at $at s: loads as $type (staging dirs left: $leftovers)"
+  leftovers=$(find "$ckpt" -maxdepth 1 -name '.torchpatch-*' | wc -l)  # the load cleans up after the kill
+  echo "kill $i at $at s: loads as $type (staging or commit dirs left after the load: $leftovers)"
 done
 echo "outcomes:"; for t in "${!outcomes[@]}"; do echo "  $t: ${outcomes[$t]}"; done
 [[ -z ${outcomes[broken]:-} ]]

@@ -12,13 +12,16 @@
 #include <chrono>
 #include <fstream>
 #include <thread>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "torchpatch/checkpoint/conversion.h"
+#include "torchpatch/checkpoint/load.h"
 #include "torchpatch/checkpoint/safetensors.h"
 #include "torchpatch/error.h"
+#include "torchpatch/generation/generate.h"
 #include "torchpatch/json_file.h"
 #include "torchpatch/models/config.h"
 #include "torchpatch/nn/rotary.h"
@@ -113,6 +116,64 @@ TEST_CASE("a safetensors header nested deep in 'shape' is refused", "[hardening]
                     (dir.path / "w.safetensors").string() + ": header JSON nested more than 8 levels deep");
 }
 
+// Wide JSON parses in time linear in its size: the depth limit once rode on a callback parser that
+// re-scanned an object whenever a member closed (40,000 header entries took 13 s, 200,000 over a minute).
+// The bound is a second in the release build; the sanitizer builds run everything 3-10x slower, and a
+// quadratic parse would still take minutes there.
+namespace {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr double kSecond = 10.0;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr double kSecond = 10.0;
+#else
+constexpr double kSecond = 1.0;
+#endif
+#else
+constexpr double kSecond = 1.0;
+#endif
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+}  // namespace
+
+TEST_CASE("a safetensors header of 200,000 entries opens within a second", "[hardening][json][safetensors]") {
+  ScratchDir dir("wide-header");
+  constexpr int kEntries = 200000;
+  std::string header = "{";
+  for (int i = 0; i < kEntries; ++i) {
+    header += fmt::format("{}\"t{}\":{{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[{},{}]}}", i ? "," : "", i,
+                          4 * i, 4 * i + 4);
+  }
+  header += "}";
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  write_text(dir.path / "w.safetensors", bytes + header + std::string(4 * kEntries, '\0'));
+  const auto start = std::chrono::steady_clock::now();
+  const auto file = torchpatch::checkpoint::SafetensorsFile::open(dir.path / "w.safetensors");
+  const double took = seconds_since(start);
+  std::cout << "200,000-entry header: " << took << " s\n";
+  CHECK(file->tensors().size() == kEntries);
+  CHECK(took < kSecond);
+}
+
+TEST_CASE("config.json with 100,000 empty objects in an unused field loads within a second", "[hardening][json]") {
+  ScratchDir dir("wide-config");
+  auto config = llama_basic_config().dump();
+  std::string wide = "[";
+  for (int i = 0; i < 100000; ++i) wide += i ? ",{}" : "{}";
+  wide += "]";
+  config.insert(config.size() - 1, ",\"unused\":" + wide);
+  write_text(dir.path / "config.json", config);
+  const auto start = std::chrono::steady_clock::now();
+  const auto parsed = torchpatch::ModelConfig::from_file(dir.path);
+  const double took = seconds_since(start);
+  std::cout << "config with 100,000 objects: " << took << " s\n";
+  CHECK(parsed.raw.at("unused").size() == 100000);
+  CHECK(took < kSecond);
+}
+
 // -- only regular files ------------------------------------------------------------------------------
 
 TEST_CASE("a FIFO in place of config.json, the weights or --inputs is refused at once", "[hardening][fifo]") {
@@ -167,6 +228,56 @@ TEST_CASE("saving over a sharded checkpoint as one file removes the old shards a
   for (const auto& entry : fs::directory_iterator(dir.path)) CHECK(entry.path().filename() == "ckpt");
 }
 
+namespace {
+// A model to save that, while the save writes its files, drops a file into the checkpoint directory
+// as another process writing there meanwhile would.
+class WritesMeanwhile : public torchpatch::checkpoint::Loadable {
+ public:
+  WritesMeanwhile(std::shared_ptr<torchpatch::PretrainedModel> model, fs::path stray)
+      : model_(std::move(model)), stray_(std::move(stray)) {}
+  torch::nn::Module& module() override { return *model_; }
+  const torch::nn::Module& module() const override { return *model_; }
+  const std::string& class_name() const override { return model_->class_name(); }
+  const torchpatch::Config& config() const override { return model_->config(); }
+  std::vector<torchpatch::PatchPoint> patch_points() const override { return model_->patch_points(); }
+  std::map<std::string, std::string> tied_weights() const override { return model_->tied_weights(); }
+  std::string base_model_prefix() const override { return model_->base_model_prefix(); }
+  std::vector<std::string> ignored_checkpoint_keys() const override { return model_->ignored_checkpoint_keys(); }
+  nlohmann::json config_json() const override {
+    write_text(stray_, "written meanwhile");
+    return model_->config_json();
+  }
+
+ private:
+  std::shared_ptr<torchpatch::PretrainedModel> model_;
+  fs::path stray_;
+};
+}  // namespace
+
+TEST_CASE("a save leaves files another process writes into the directory meanwhile", "[hardening][save]") {
+  ScratchDir dir("written-meanwhile");
+  const auto out = dir.path / "ckpt";
+  REQUIRE(torchpatch_cli("save --preset tiny-llama --max-shard-bytes 20000 --out " + out.string()).code == 0);
+  const WritesMeanwhile model(torchpatch::from_pretrained(kLlamaBasic), out / "tokenizer.json");
+  torchpatch::checkpoint::save_pretrained(model, out);
+  CHECK(fs::exists(out / "tokenizer.json"));
+  CHECK(!fs::exists(out / "model.safetensors.index.json"));  // the old layout's files go
+  CHECK(loads_as(out) == "llama");
+}
+
+TEST_CASE("routing record on a full disk is an error naming the file, and leaves no file", "[hardening][save][routing]") {
+  ScratchDir dir("full-disk-routes");
+  const auto routes = dir.path / "routes.npy";
+  // A file-size limit of zero stands in for a full disk: every write fails with EFBIG.
+  const auto r = torchpatch_cli("routing record --model " + (testutil::data_dir() / "qwen2_moe_basic").string() +
+                                    " --prompt-ids 5,6,7,8 --max-new-tokens 4 --out " + routes.string(),
+                                "ulimit -f 0; trap '' XFSZ;");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Contains(routes.string() + ": cannot write") && Contains("File too large"));
+  CHECK_THAT(r.out, !Contains("written"));
+  CHECK(fs::is_empty(dir.path));
+}
+
 TEST_CASE("a save that runs out of space leaves the old checkpoint loadable", "[hardening][save]") {
   ScratchDir dir("full-disk");
   const auto out = dir.path / "ckpt";
@@ -217,6 +328,8 @@ TEST_CASE("torchpatch save killed at any moment leaves the old or the new checkp
     INFO("kill " << i);
     CHECK((type == "llama" || type == "mistral"));
     outcomes[type]++;
+    // The load completed or discarded what the killed save left: no staging or commit directory.
+    for (const auto& entry : fs::directory_iterator(out)) CHECK(entry.path().filename().string().rfind(".torchpatch-", 0) != 0);
   }
   WARN("outcomes of " << kills << " kills: llama (old) " << outcomes["llama"] << ", mistral (new) " << outcomes["mistral"]);
 }
@@ -382,9 +495,35 @@ TEST_CASE("sizes that cannot fit the checkpoint are refused before building", "[
     INFO(field << " = " << value);
     const ChangedConfig changed("absurd-" + field, {{field, value}});
     CHECK_THAT(changed.run(), Contains("config.json: describes a model of at least") &&
-                                  Contains("but the checkpoint's tensors hold") && Contains("before building anything"));
+                                  Contains("but the checkpoint's tensors hold") && Contains("before building anything") &&
+                                  Contains("most of them are") && Contains(field + " " + value.dump()));
   }
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(60));  // not building 10^6 layers
+}
+
+TEST_CASE("num_hidden_layers 10^8 and 10^9 are refused at once, naming the field", "[hardening][config]") {
+  for (const int64_t layers : {int64_t{100000000}, int64_t{1000000000}}) {
+    const auto start = std::chrono::steady_clock::now();
+    CHECK(config_error({{"num_hidden_layers", layers}}) ==
+          fmt::format("config.json: num_hidden_layers {} is more than the 1000000 layers torchpatch builds", layers));
+    CHECK(seconds_since(start) < kSecond);  // no per-layer list of 10^8 entries first (6.4 GB, 15 s)
+  }
+}
+
+TEST_CASE("generate with unbounded positions refuses a cache larger than memory before allocating",
+          "[hardening][generate]") {
+  // Dynamic NTK RoPE follows any length, so max_new_tokens 10^12 passes the position limit; the tokens
+  // and key/value cache of 10^12 positions cannot fit (LibTorch was once asked for 8 TB).
+  auto config = torchpatch::preset_config("tiny-llama").raw;
+  config["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
+  const auto model = torchpatch::from_config(torchpatch::ModelConfig::from_json(config, "dynamic"));
+  torchpatch::GenerationConfig generation;
+  generation.max_new_tokens = 1000000000000;
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(torchpatch::generate(*model, at::tensor(std::vector<int64_t>{1, 2, 3}).view({1, 3}), {}, generation),
+                    Contains("prompt of 3 tokens + max_new_tokens 1000000000000 = 1000000000003 positions") &&
+                        Contains("more than this machine's") && Contains("lower max_new_tokens"));
+  CHECK(seconds_since(start) < kSecond);
 }
 
 TEST_CASE("a model larger than the machine's memory is refused with both figures", "[hardening][config]") {
@@ -498,4 +637,69 @@ TEST_CASE("a pattern too costly to match is an error naming it, not an escaped B
   CHECK_THROWS_WITH(registry.get_patch_mapping().find("LlamaDecoderLayerWithAVeryLongNameIndeedReally"),
                     Contains("patch key '^Llama(.*)*\\~' is too costly to match against class "
                              "'LlamaDecoderLayerWithAVeryLongNameIndeedReally'"));
+  // A plugin's key names the plugin.
+  auto from_plugin = renamed_mlp("PluginMLP");
+  from_plugin.origin = {"costly-keys", "1.0.0", "/plugins/costly.so"};
+  torchpatch::PatchRegistry plugin_registry;
+  plugin_registry.register_patch_mapping({{"^Qwen(.*)*\\~", from_plugin}});
+  CHECK_THROWS_WITH(plugin_registry.get_patch_mapping().find("QwenDecoderLayerWithAVeryLongNameIndeedReally"),
+                    Contains("patch key '^Qwen(.*)*\\~' (registered by plugin costly-keys 1.0.0 (/plugins/costly.so)) "
+                             "is too costly to match"));
+}
+
+// -- untrusted text reaches the terminal escaped and cut -----------------------------------------------
+
+TEST_CASE("escape sequences in config strings are printed escaped", "[hardening][messages]") {
+  for (const auto& [field, value, expected] : std::vector<std::tuple<std::string, nlohmann::json, std::string>>{
+           {"model_type", "\x1b[2Jllama", "model_type '\\x1B[2Jllama' is not supported"},
+           {"hidden_act", "\x1b]0;owned\x07", "hidden_act: unsupported activation '\\x1B]0;owned\\x07'"},
+           {"rope_scaling", {{"rope_type", "\x1b[31mred"}, {"factor", 2.0}},
+            "unsupported rope_type '\\x1B[31mred'"}}) {
+    INFO(field);
+    const ChangedConfig changed("escape-" + field, {{field, value}});
+    const auto out = changed.run();
+    CHECK_THAT(out, Contains(expected));
+    CHECK(out.find('\x1b') == std::string::npos);
+  }
+}
+
+TEST_CASE(".npy errors name the --routes file, escaped and cut", "[hardening][messages][routing]") {
+  ScratchDir dir("npy-messages");
+  const auto model = (testutil::data_dir() / "qwen2_moe_basic").string();
+  auto npy = [&](const std::string& name, const std::string& header, const std::string& data = "") {
+    std::string bytes = "\x93NUMPY";
+    bytes += '\x01';
+    bytes += '\x00';
+    bytes += static_cast<char>(header.size() & 0xff);
+    bytes += static_cast<char>(header.size() >> 8);
+    write_text(dir.path / name, bytes + header + data);
+    return torchpatch_cli("routing replay --model " + model + " --ids 5,6,7 --routes " + (dir.path / name).string());
+  };
+  // A NUL and an escape in the dtype: escaped, and the message goes on past the NUL.
+  std::string header = "{'descr': '<i";
+  header += '\0';
+  header += "\x1b', 'fortran_order': False, 'shape': (1,), }";
+  auto r = npy("nul.npy", header);
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Contains("nul.npy: not a readable .npy file: dtype '<i\\x00\\x1B' (int32, int64, float32, "
+                             "float64 are read)"));
+  // A 30 KB shape is cut.
+  r = npy("wide.npy", "{'descr': '<i4', 'fortran_order': False, 'shape': (1," + std::string(30000, ' ') + ",), }");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Contains("wide.npy: not a readable .npy file: shape (1,") && Contains("more bytes)"));
+  CHECK(r.out.size() < 1000);
+  // What the routes say is checked later; that error names the file too.
+  r = npy("flat.npy", "{'descr': '<i4', 'fortran_order': False, 'shape': (3,), }", std::string(12, '\0'));
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Contains((dir.path / "flat.npy").string() + " (--routes): routed_experts: expected [tokens, "
+                             "layers, top_k], got 1 dims"));
+}
+
+TEST_CASE("a temperature of 1e-320 is a number, refused for what it does to the logits", "[hardening][generate]") {
+  const auto r = torchpatch_cli("generate --preset tiny-llama --prompt-ids 1,2 --do-sample --temperature 1e-320");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Contains("temperature 1e-320 takes the logits past float32's range"));
+  const auto huge = torchpatch_cli("generate --preset tiny-llama --prompt-ids 1,2 --do-sample --temperature 1e999");
+  CHECK(huge.code == 2);
+  CHECK_THAT(huge.out, Contains("--temperature: 1e999 is out of the range of a double"));
 }

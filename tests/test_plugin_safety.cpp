@@ -122,6 +122,13 @@ TEST_CASE("the CLI refuses crashing drop-ins and completes the command", "[plugi
   const auto unprobed = torchpatch_cli("plan --preset tiny-llama --no-probe --plugin-dir " +
                                        (kTestPluginDir / "crashing").string());
   CHECK(unprobed.code != 0);
+  // The last line before the crash names the plugin that caused it (the first in name order).
+  const std::string loading = "torchpatch: loading plugin ";
+  const auto last = unprobed.out.rfind(loading);
+  REQUIRE(last != std::string::npos);
+  CHECK(unprobed.out.substr(last, unprobed.out.find('\n', last) - last) ==
+        loading + (kTestPluginDir / "crashing" / "testplugin_abort_in_register.so").string() +
+            " without a probe (--no-probe)");
 }
 
 // -- who could swap the code ---------------------------------------------------------------------------

@@ -1,6 +1,13 @@
 #include "args.h"
 
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
 #include <fmt/format.h>
+
+#include "torchpatch/printable.h"
 
 namespace torchpatch::cli {
 
@@ -95,14 +102,16 @@ int64_t int_option(const Args& args, const std::string& name, int64_t fallback, 
 double number_option(const Args& args, const std::string& name, double fallback) {
   if (!args.has(name)) return fallback;
   const auto text = args.value(name);
-  std::size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
+  // strtod, not stod: a value below the smallest normal double (1e-320) is still a number.
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) || end != text.c_str() + text.size()) {
+    throw UsageError(fmt::format("--{}: '{}' is not a number", name, printable(text, 100)));
   }
-  if (text.empty() || used != text.size()) throw UsageError(fmt::format("--{}: '{}' is not a number", name, text));
+  if (errno == ERANGE && std::isinf(v)) {
+    throw UsageError(fmt::format("--{}: {} is out of the range of a double", name, printable(text, 100)));
+  }
   return v;
 }
 

@@ -10,6 +10,7 @@
 #include "launch.h"
 #include "session.h"
 #include "torchpatch/error.h"
+#include "torchpatch/printable.h"
 #include "torchpatch/generation/generate.h"
 #include "torchpatch/moe/routing.h"
 #include "torchpatch/patching/registry.h"
@@ -96,7 +97,18 @@ int replay(const std::vector<std::string>& argv) {
   const auto labels = args.has("labels")
                           ? at::tensor(parse_int_list(args.value("labels"), "--labels"), at::kLong).unsqueeze(0)
                           : ids;
-  const auto routes = routes_from_array(load_npy(args.value("routes")));
+  // What the routes say is checked against the model below; every such error names the file.
+  const std::string routes_file = printable(args.value("routes"));
+  auto naming_file = [&](auto&& step) {
+    try {
+      return step();
+    } catch (const InputError& e) {
+      const std::string what = e.what();
+      if (what.rfind(routes_file, 0) == 0) throw;  // load_npy's own messages start with it
+      throw InputError(fmt::format("{} (--routes): {}", routes_file, what));
+    }
+  };
+  const auto routes = naming_file([&] { return routes_from_array(load_npy(args.value("routes"))); });
 
   const auto host = open_plugin_host(args);
   // Replay needs replayable routers: take the bundled plugin's unless --patch chose a router already.
@@ -115,7 +127,7 @@ int replay(const std::vector<std::string>& argv) {
   ModelInputs in;
   in.input_ids = ids;
   in.labels = labels;
-  ReplayMoeRouting guard(*built.model, routes);
+  const auto guard = naming_file([&] { return std::make_unique<ReplayMoeRouting>(*built.model, routes); });
   const auto out = built.model->forward(in);
   out.loss.backward();
   double squared = 0;

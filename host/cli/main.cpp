@@ -9,6 +9,7 @@
 #include "commands.h"
 #include "launch.h"
 #include "torchpatch/error.h"
+#include "torchpatch/printable.h"
 
 namespace {
 
@@ -42,12 +43,14 @@ std::string first_line(const c10::Error& e) {
 
 int main(int argc, char** argv) {
   using namespace torchpatch::cli;
+  using torchpatch::printable_lines;
   const std::vector<std::string> all(argv + 1, argv + argc);
   if (all.empty() || all[0] == "--help" || all[0] == "-h" || all[0] == "help") {
     std::cout << kUsage;
     return all.empty() ? 2 : 0;
   }
   const std::string command = all[0];
+  const std::string name = torchpatch::printable(command, 64);  // as messages show it
   std::vector<std::string> rest;
   bool debug = false;
   bool options_ended = false;  // after "--" a "--debug" is an argument of the command
@@ -71,23 +74,24 @@ int main(int argc, char** argv) {
     if (command == "verify") return cmd_verify(rest);
     if (command == "tokenize") return cmd_tokenize(rest);
     if (command == "detokenize") return cmd_detokenize(rest);
-    std::cerr << "torchpatch: unknown command '" << command << "'\n\n" << kUsage;
+    std::cerr << "torchpatch: unknown command '" << name << "'\n\n" << kUsage;
     return 2;
   } catch (const UsageError& e) {
-    std::cerr << "torchpatch " << command << ": " << e.what() << "\n(see 'torchpatch " << command << " --help')\n";
+    std::cerr << "torchpatch " << name << ": " << printable_lines(e.what()) << "\n(see 'torchpatch " << name
+              << " --help')\n";
     return 2;
   } catch (const torchpatch::Error& e) {
-    std::cerr << "torchpatch " << command << ": error: " << e.what() << "\n";
+    std::cerr << "torchpatch " << name << ": error: " << printable_lines(e.what()) << "\n";
     return 1;
   } catch (const c10::Error& e) {
-    std::cerr << "torchpatch " << command << ": error: " << (debug ? std::string(e.what()) : first_line(e))
+    std::cerr << "torchpatch " << name << ": error: " << printable_lines(debug ? std::string(e.what()) : first_line(e))
               << (debug ? "" : " (from LibTorch; --debug shows where)") << "\n";
     return 1;
   } catch (const std::bad_alloc&) {
-    std::cerr << "torchpatch " << command << ": error: out of memory\n";
+    std::cerr << "torchpatch " << name << ": error: out of memory\n";
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "torchpatch " << command << ": error: " << e.what() << "\n";
+    std::cerr << "torchpatch " << name << ": error: " << printable_lines(e.what()) << "\n";
     return 1;
   }
 }

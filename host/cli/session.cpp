@@ -60,6 +60,12 @@ std::unique_ptr<PluginHost> open_plugin_host(const Args& args, bool warn_refused
   options.allow_world_writable = args.flag("allow-world-writable");
   options.probe = args.flag("no-probe") ? PluginProbe::Off : args.flag("probe") ? PluginProbe::All : PluginProbe::DropIns;
   options.probe_cache = default_probe_cache();
+  if (options.probe == PluginProbe::Off) {
+    options.before_unprobed_load = [](const std::filesystem::path& file) {
+      std::cerr << "torchpatch: loading plugin " << printable(file.string()) << " without a probe (--no-probe)\n"
+                << std::flush;
+    };
+  }
   auto host = std::make_unique<PluginHost>(options, default_registries());
   load_plugins(*host, args, warn_refused);
   return host;

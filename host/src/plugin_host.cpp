@@ -373,10 +373,12 @@ PluginRecord PluginHost::load_file(const fs::path& file, PluginMode mode) {
   return load_locked(file, mode);
 }
 
+bool PluginHost::probed(PluginMode mode) const {
+  return options_.probe == PluginProbe::All || (options_.probe == PluginProbe::DropIns && mode == PluginMode::DropIn);
+}
+
 std::optional<std::string> PluginHost::probe(const fs::path& file, const struct ::stat& st, PluginMode mode) {
-  const bool wanted = options_.probe == PluginProbe::All ||
-                      (options_.probe == PluginProbe::DropIns && mode == PluginMode::DropIn);
-  if (!wanted || probe_fd_ >= 0) return std::nullopt;
+  if (!probed(mode) || probe_fd_ >= 0) return std::nullopt;
   probe::Cache cache(options_.probe_cache);
   const std::string key = probe::Cache::key(st);
   auto outcome = cache.find(key);
@@ -471,6 +473,9 @@ PluginRecord PluginHost::load_locked(const fs::path& file, PluginMode mode) {
     return record;
   }
   if (auto refusal = probe(file, st, mode)) return refuse(record, *refusal);
+  if (!probed(mode) && mode == PluginMode::DropIn && probe_fd_ < 0 && options_.before_unprobed_load) {
+    options_.before_unprobed_load(file);
+  }
 
   // -- load and check the descriptor before anything C++ crosses the boundary
   boost::dll::shared_library library;

@@ -14,4 +14,11 @@ namespace torchpatch {
 /// regular expressions read as written).
 TORCHPATCH_API std::string printable(std::string_view text);
 
+/// printable(), cut to its first `max_bytes` bytes of `text` and "... (N more bytes)": for text a file
+/// chose, which may be any length.
+TORCHPATCH_API std::string printable(std::string_view text, std::size_t max_bytes);
+
+/// A message for a terminal: each line printable() and cut to `max_line` bytes, the newlines kept.
+TORCHPATCH_API std::string printable_lines(std::string_view text, std::size_t max_line = 4096);
+
 }  // namespace torchpatch

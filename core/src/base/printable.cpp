@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <string>
 
 namespace torchpatch {
 
@@ -52,6 +53,22 @@ std::string printable(std::string_view text) {
     }
   }
   return out;
+}
+
+std::string printable(std::string_view text, std::size_t max_bytes) {
+  if (text.size() <= max_bytes) return printable(text);
+  return printable(text.substr(0, max_bytes)) + "... (" + std::to_string(text.size() - max_bytes) + " more bytes)";
+}
+
+std::string printable_lines(std::string_view text, std::size_t max_line) {
+  std::string out;
+  for (std::size_t start = 0;;) {
+    const std::size_t end = text.find('\n', start);
+    out += printable(text.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start), max_line);
+    if (end == std::string_view::npos) return out;
+    out += '\n';
+    start = end + 1;
+  }
 }
 
 }  // namespace torchpatch

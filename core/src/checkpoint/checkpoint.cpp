@@ -13,6 +13,7 @@
 #include "torchpatch/checkpoint/conversion.h"
 #include "torchpatch/error.h"
 #include "torchpatch/json_file.h"
+#include "checkpoint/directory_update.h"
 
 namespace torchpatch::checkpoint {
 
@@ -26,9 +27,20 @@ DirectoryHandle DirectoryHandle::open(const fs::path& dir) {
   DirectoryHandle handle;
   handle.path_ = dir;
   handle.fd_ = std::shared_ptr<const int>(new int(fd), [](const int* p) {
+    unlock_directory(*p);
     ::close(*p);
     delete p;
   });
+  // Shared while held: a save switches its files in under the exclusive lock. A commit seen under the
+  // shared lock was left by a save that was killed; completing it needs the exclusive one.
+  lock_directory(dir, fd, /*exclusive=*/false, "to read the checkpoint");
+  while (has_interrupted_commit(dir)) {
+    unlock_directory(fd);
+    lock_directory(dir, fd, /*exclusive=*/true, "to complete an interrupted save");
+    finish_interrupted_saves(dir, fd);
+    lock_directory(dir, fd, /*exclusive=*/false, "to read the checkpoint");
+  }
+  remove_abandoned_staging(dir);
   return handle;
 }
 

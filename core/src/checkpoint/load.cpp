@@ -16,7 +16,7 @@
 #include "torchpatch/nn/linear.h"
 #include "torchpatch/checkpoint/atomic_file.h"
 #include "base/huge_pages.h"
-#include "checkpoint/directory_swap.h"
+#include "checkpoint/directory_update.h"
 
 namespace torchpatch::checkpoint {
 
@@ -525,7 +525,7 @@ std::vector<std::vector<std::pair<std::string, at::Tensor>>> split_shards(
   return shards;
 }
 
-// Files of a checkpoint's own layout: what a save replaces rather than carries over.
+// Files of a checkpoint's own layout: what a save replaces (and removes where the new one lacks them).
 bool checkpoint_file(const std::string& name) {
   static const boost::regex shard(R"(model-\d+-of-\d+\.safetensors)");
   return name == "config.json" || name == "model.safetensors" || name == "model.safetensors.index.json" ||
@@ -577,11 +577,20 @@ std::set<std::string> indexed_shards(const fs::path& dir) {
 void save_pretrained(const Loadable& model, const fs::path& dir, const SaveOptions& options) {
   const auto tensors =
       hub_state_dict(model, options.conversions ? *options.conversions : global_conversions(), !options.dequantize);
-  const auto old_shards = indexed_shards(dir);
-  DirectorySwap swap;
-  swap.write = [&](const fs::path& staging) { write_checkpoint(model, tensors, staging, options); };
-  swap.replaced = [&](const std::string& name) { return checkpoint_file(name) || old_shards.count(name) > 0; };
-  replace_directory(dir, swap);
+  DirectoryUpdate update;
+  update.write = [&](const fs::path& staging) { write_checkpoint(model, tensors, staging, options); };
+  update.old_files = [](const fs::path& target) {
+    const auto shards = indexed_shards(target);
+    std::set<std::string> names;
+    std::error_code ec;
+    for (fs::directory_iterator it(target, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (checkpoint_file(name) || shards.count(name)) names.insert(name);
+    }
+    return names;
+  };
+  update.last = {"model.safetensors.index.json", "config.json"};
+  update_directory(dir, update);
 }
 
 }  // namespace torchpatch::checkpoint

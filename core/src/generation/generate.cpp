@@ -4,6 +4,8 @@
 #include <chrono>
 #include <limits>
 
+#include <unistd.h>
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/InferenceMode.h>
@@ -50,7 +52,17 @@ at::Tensor positions_from_mask(const at::Tensor& attention_mask) {
 at::Tensor process_logits(const at::Tensor& logits, const GenerationConfig& c) {
   const double neg_inf = -std::numeric_limits<double>::infinity();
   auto scores = logits.to(at::kFloat);
-  if (c.temperature != 1.0) scores = scores / c.temperature;
+  if (c.temperature != 1.0) {
+    scores = scores / c.temperature;
+    // A temperature far below 1 can take finite logits past float32's range: sampling would then see
+    // infinities the model never produced.
+    if (c.temperature < 1.0 && scores.isinf().logical_and(logits.isfinite()).any().item<bool>()) {
+      throw InputError(fmt::format("temperature {} takes the logits past float32's range (|logit| / temperature > "
+                                   "3.4e38); use a larger temperature, or greedy decoding (do_sample off) for the "
+                                   "most likely token",
+                                   c.temperature));
+    }
+  }
   const int64_t vocab = scores.size(-1);
   if (c.top_k > 0 && c.top_k < vocab) {
     // Below the k-th largest score (ties with it are kept, as in Hugging Face).
@@ -69,6 +81,27 @@ at::Tensor process_logits(const at::Tensor& logits, const GenerationConfig& c) {
   return scores;
 }
 
+namespace {
+
+// Before anything is allocated: the tokens and the key/value cache of `positions` per row must fit the
+// machine's memory (a model whose positions are unbounded, dynamic RoPE's, would otherwise ask the
+// allocator for terabytes). At least two bytes a cached value, the narrowest float a cache holds.
+void check_memory(const DecoderConfig& d, int64_t batch, int64_t prompt, int64_t max_new_tokens, int64_t positions) {
+  const double per_position = static_cast<double>(d.num_hidden_layers) * 2 * static_cast<double>(d.num_key_value_heads) *
+                                  static_cast<double>(d.head_dim) * 2 +
+                              sizeof(int64_t);
+  const double bytes = per_position * static_cast<double>(batch) * static_cast<double>(positions);
+  const double memory = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  if (memory > 0 && bytes > memory) {
+    throw InputError(fmt::format("prompt of {} tokens + max_new_tokens {} = {} positions: their tokens and key/value "
+                                 "cache need at least {:.3g} GB for a batch of {}, more than this machine's {:.3g} GB "
+                                 "of memory; lower max_new_tokens",
+                                 prompt, max_new_tokens, positions, bytes / 1e9, batch, memory / 1e9));
+  }
+}
+
+}  // namespace
+
 GenerationOutput generate(PretrainedModel& model, const at::Tensor& input_ids, const at::Tensor& attention_mask,
                           const GenerationConfig& config) {
   check_config(config);
@@ -86,6 +119,7 @@ GenerationOutput generate(PretrainedModel& model, const at::Tensor& input_ids, c
                                  prompt, config.max_new_tokens, overflow ? "more than 2^63" : std::to_string(positions),
                                  d.position_limit()));
   }
+  check_memory(d, batch, prompt, config.max_new_tokens, positions);
   at::Tensor mask = attention_mask;
   if (mask.defined()) {
     if (mask.sizes() != input_ids.sizes()) {

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "torchpatch/error.h"
+#include "torchpatch/printable.h"
 #include "torchpatch/json_file.h"
 #include "torchpatch/models/family.h"
 
@@ -39,7 +40,7 @@ RopeParameters read_rope(const json& j, const std::string& source) {
   auto require = [&](std::initializer_list<const char*> fields) {
     for (const char* field : fields) {
       if (!r.has(field)) {
-        throw ConfigError(fmt::format("{}: rope_type '{}' needs field '{}'", where, rope.rope_type, field));
+        throw ConfigError(fmt::format("{}: rope_type '{}' needs field '{}'", where, printable(rope.rope_type, 200), field));
       }
     }
   };
@@ -50,7 +51,8 @@ RopeParameters read_rope(const json& j, const std::string& source) {
   auto kind = kinds.find(type);
   if (kind == kinds.end()) {
     throw ConfigError(fmt::format(
-        "{}: unsupported rope_type '{}' (supported: default, linear, dynamic, llama3, yarn, longrope)", where, type));
+        "{}: unsupported rope_type '{}' (supported: default, linear, dynamic, llama3, yarn, longrope)", where,
+        printable(type, 200)));
   }
   rope.kind = kind->second;
   if (!(rope.theta > 0)) throw ConfigError(fmt::format("{}: rope_theta must be positive, got {}", where, rope.theta));
@@ -185,7 +187,7 @@ MoeConfig read_moe(const json& j, const FieldReader& f, const MoeConfig& default
   moe.experts_implementation = f.string("experts_implementation", defaults.experts_implementation);
   if (moe.experts_implementation != "grouped" && moe.experts_implementation != "eager") {
     throw ConfigError(fmt::format("{}: experts_implementation '{}' is not one of grouped, eager", source,
-                                  moe.experts_implementation));
+                                  printable(moe.experts_implementation, 200)));
   }
   moe.implementation =
       moe.experts_implementation == "eager" ? nn::ExpertsImplementation::kEager : nn::ExpertsImplementation::kGrouped;
@@ -229,6 +231,12 @@ ModelConfig parse_decoder_config(const json& j, const std::string& source, const
   d.hidden_size = f.positive("hidden_size", defaults.hidden_size);
   d.intermediate_size = f.positive("intermediate_size", defaults.intermediate_size);
   d.num_hidden_layers = f.positive("num_hidden_layers", defaults.num_hidden_layers);
+  // Per-layer lists (layer_types) are built before the size check; no model has a million layers.
+  constexpr int64_t kMaxLayers = 1000000;
+  if (d.num_hidden_layers > kMaxLayers) {
+    throw ConfigError(fmt::format("{}: num_hidden_layers {} is more than the {} layers torchpatch builds", source,
+                                  d.num_hidden_layers, kMaxLayers));
+  }
   d.num_attention_heads = f.positive("num_attention_heads", defaults.num_attention_heads);
   d.num_key_value_heads = f.positive("num_key_value_heads", defaults.num_key_value_heads > 0 ? defaults.num_key_value_heads : d.num_attention_heads);
   if (family.fixed_head_dim) {
@@ -303,6 +311,28 @@ int64_t DecoderConfig::max_positions() const {
     return std::max(max_position_embeddings, scaled(rope.original_max_position_embeddings, rope.factor));
   }
   return max_position_embeddings;
+}
+
+std::string DecoderConfig::largest_size_term() const {
+  const double h = static_cast<double>(hidden_size);
+  const double embeddings = static_cast<double>(vocab_size) * h;
+  const double attention = h * static_cast<double>(head_dim) * static_cast<double>(2 * num_attention_heads + 2 * num_key_value_heads);
+  const double mlp = 2 * h * static_cast<double>(std::max(intermediate_size, moe.num_experts * moe.moe_intermediate_size));
+  const double layers = static_cast<double>(num_hidden_layers);
+  if (embeddings >= layers * std::max(attention, mlp)) {
+    return fmt::format("the embeddings, vocab_size {} x hidden_size {}", vocab_size, hidden_size);
+  }
+  if (attention >= mlp) {
+    return fmt::format("attention: num_hidden_layers {} x hidden_size {} x head_dim {} x (2 x {} num_attention_heads "
+                       "+ 2 x {} num_key_value_heads)",
+                       num_hidden_layers, hidden_size, head_dim, num_attention_heads, num_key_value_heads);
+  }
+  if (moe.num_experts * moe.moe_intermediate_size > intermediate_size) {
+    return fmt::format("experts: num_hidden_layers {} x hidden_size {} x {} experts x moe_intermediate_size {}",
+                       num_hidden_layers, hidden_size, moe.num_experts, moe.moe_intermediate_size);
+  }
+  return fmt::format("MLPs: num_hidden_layers {} x hidden_size {} x intermediate_size {}", num_hidden_layers, hidden_size,
+                     intermediate_size);
 }
 
 double DecoderConfig::parameter_lower_bound() const {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "torchpatch/error.h"
+#include "torchpatch/printable.h"
 #include "torchpatch/patching/class_table.h"
 
 namespace torchpatch {
@@ -93,7 +94,7 @@ std::vector<std::string> FamilyRegistry::model_types() const {
 std::shared_ptr<const Family> family_of(const std::string& model_type, const std::string& source,
                                         const FamilyRegistry& families) {
   if (auto family = families.find(model_type)) return family;
-  throw ConfigError(fmt::format("{}: model_type '{}' is not supported (supported: {})", source, model_type,
+  throw ConfigError(fmt::format("{}: model_type '{}' is not supported (supported: {})", source, printable(model_type, 200),
                                 fmt::join(families.model_types(), ", ")));
 }
 

@@ -2,12 +2,13 @@
 
 #include <cstring>
 #include <functional>
-#include <fstream>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include "torchpatch/checkpoint/atomic_file.h"
 #include "torchpatch/error.h"
+#include "torchpatch/printable.h"
 #include "torchpatch/json_file.h"
 #include "torchpatch/patching/roles.h"
 
@@ -124,17 +125,17 @@ void save_npy(const std::filesystem::path& path, const at::Tensor& tensor) {
   // Magic (6) + version (2) + length (2) + header, padded with spaces to a multiple of 64, newline last.
   const size_t unpadded = 10 + header.size() + 1;
   header += std::string((64 - unpadded % 64) % 64, ' ') + "\n";
-  std::ofstream out(path, std::ios::binary);
-  if (!out) throw InputError(fmt::format("{}: cannot open for writing", path.string()));
+  // Whole or not at all, checked and synced: a full disk is an error naming the file, never a 0-byte .npy.
+  checkpoint::AtomicFile out(path);
   out.write(kMagic, 6);
   const char version[2] = {1, 0};
   out.write(version, 2);
   const uint16_t length = static_cast<uint16_t>(header.size());
   const char len_bytes[2] = {static_cast<char>(length & 0xff), static_cast<char>(length >> 8)};
   out.write(len_bytes, 2);
-  out.write(header.data(), static_cast<std::streamsize>(header.size()));
-  out.write(static_cast<const char*>(data.data_ptr()), static_cast<std::streamsize>(data.numel() * data.element_size()));
-  if (!out) throw InputError(fmt::format("{}: write failed", path.string()));
+  out.write(header);
+  out.write(data.data_ptr(), static_cast<std::size_t>(data.numel() * data.element_size()));
+  out.commit();
 }
 
 namespace {
@@ -166,7 +167,7 @@ std::vector<int64_t> parse_shape(const std::string& tuple, const std::function<I
   std::string digits;
   auto flush = [&] {
     if (digits.empty()) return;
-    if (digits.size() > 18) throw fail(fmt::format("dimension {} is too large", digits));
+    if (digits.size() > 18) throw fail(fmt::format("dimension {} is too large", printable(digits, 40)));
     shape.push_back(std::stoll(digits));
     digits.clear();
   };
@@ -175,10 +176,11 @@ std::vector<int64_t> parse_shape(const std::string& tuple, const std::function<I
     if (c >= '0' && c <= '9') {
       digits += c;
     } else if (c == ',' || c == ' ') {
-      if (c == ',' && digits.empty()) throw fail(fmt::format("shape {} has an empty dimension", tuple));
+      if (c == ',' && digits.empty()) throw fail(fmt::format("shape {} has an empty dimension", printable(tuple, 200)));
       flush();
     } else {
-      throw fail(fmt::format("shape {} holds '{}', not a non-negative integer", tuple, c));
+      throw fail(fmt::format("shape {} holds '{}', not a non-negative integer", printable(tuple, 200),
+                             printable(std::string_view(&c, 1))));
     }
   }
   flush();
@@ -188,7 +190,9 @@ std::vector<int64_t> parse_shape(const std::string& tuple, const std::function<I
 }  // namespace
 
 at::Tensor load_npy(const std::filesystem::path& path) {
-  auto fail = [&](const std::string& why) { return InputError(fmt::format("{}: not a readable .npy file: {}", path.string(), why)); };
+  auto fail = [&](const std::string& why) {
+    return InputError(fmt::format("{}: not a readable .npy file: {}", printable(path.string()), why));
+  };
   // Whole, and only a regular file (a FIFO is refused, not waited on).
   const std::string bytes = read_regular_file(path, std::uint64_t{1} << 32, [](const std::string& m) { throw InputError(m); });
   if (bytes.size() < 10 || std::memcmp(bytes.data(), kMagic, 6) != 0) throw fail("no \\x93NUMPY magic");
@@ -218,7 +222,7 @@ at::Tensor load_npy(const std::filesystem::path& path) {
   else if (little == "i8") type = at::kLong;
   else if (little == "f4") type = at::kFloat;
   else if (little == "f8") type = at::kDouble;
-  else throw fail(fmt::format("dtype '{}' (int32, int64, float32, float64 are read)", code));
+  else throw fail(fmt::format("dtype '{}' (int32, int64, float32, float64 are read)", printable(code, 200)));
   if (header_field(header, "fortran_order") != "False") throw fail("Fortran order is not supported");
   const auto shape = parse_shape(header_field(header, "shape"), fail);
 
@@ -229,8 +233,8 @@ at::Tensor load_npy(const std::filesystem::path& path) {
   }
   const uint64_t available = bytes.size() - start - length;
   if (needed != available) {
-    throw fail(fmt::format("shape ({}) of {} needs {} bytes of data, the file holds {}", fmt::join(shape, ", "), code,
-                           needed, available));
+    throw fail(fmt::format("shape ({}) of {} needs {} bytes of data, the file holds {}", fmt::join(shape, ", "),
+                           printable(code, 200), needed, available));
   }
   auto tensor = at::empty(shape, at::TensorOptions().dtype(type));
   if (needed > 0) std::memcpy(tensor.data_ptr(), bytes.data() + start + length, needed);

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "torchpatch/error.h"
+#include "torchpatch/printable.h"
 
 namespace torchpatch::nn {
 
@@ -12,7 +13,7 @@ Activation parse_activation(const std::string& name, const std::string& field) {
   if (name == "gelu") return Activation::kGelu;
   if (name == "gelu_pytorch_tanh" || name == "gelu_new") return Activation::kGeluTanh;
   if (name == "relu") return Activation::kRelu;
-  throw ConfigError(fmt::format("{}: unsupported activation '{}'", field, name));
+  throw ConfigError(fmt::format("{}: unsupported activation '{}'", field, printable(name, 200)));
 }
 
 at::Tensor activate(Activation act, const at::Tensor& x) {

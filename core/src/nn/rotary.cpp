@@ -8,6 +8,7 @@
 
 #include "nn/fused_ops.h"
 #include "torchpatch/error.h"
+#include "torchpatch/printable.h"
 
 namespace torchpatch::nn {
 
@@ -120,7 +121,7 @@ RopeFrequencies rope_frequencies(const RopeOptions& options, int64_t seq_len) {
     case RopeKind::kYarn: return yarn_frequencies(rope, dim, options.max_position_embeddings);
     case RopeKind::kLongrope: return longrope_frequencies(options, dim, seq_len);
   }
-  throw ConfigError(fmt::format("rope_scaling: unsupported rope_type '{}'", rope.rope_type));
+  throw ConfigError(fmt::format("rope_scaling: unsupported rope_type '{}'", printable(rope.rope_type, 200)));
 }
 
 RotaryEmbedding::RotaryEmbedding(const RopeOptions& options)

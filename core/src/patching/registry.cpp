@@ -91,9 +91,12 @@ std::optional<PatchMapping::Match> PatchMapping::find(const std::string& class_n
     try {
       if (boost::regex_search(class_name, patterns_[i]->regex)) return Match{&entries_[i], false};
     } catch (const std::runtime_error&) {  // Boost gives up on a pattern that backtracks without end
-      throw PatchError(fmt::format("patch key '{}' is too costly to match against class '{}' (it backtracks without "
-                                   "end); simplify the pattern",
-                                   printable(entries_[i].key), printable(class_name)));
+      const auto& origin = entries_[i].cls.origin;
+      throw PatchError(fmt::format("patch key '{}'{} is too costly to match against class '{}' (it backtracks "
+                                   "without end); simplify the pattern",
+                                   printable(entries_[i].key),
+                                   origin.builtin() ? "" : " (registered by " + printable(origin.describe()) + ")",
+                                   printable(class_name)));
     }
   }
   return std::nullopt;

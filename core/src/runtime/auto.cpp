@@ -4,7 +4,6 @@
 #include <cmath>
 #include <optional>
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <ATen/ATen.h>
@@ -107,9 +106,9 @@ void check_model_size(const ModelConfig& config, const checkpoint::Checkpoint* w
     }
     if (parameters > stored * 1.01 + 4096) {
       throw ConfigError(fmt::format("{}: describes a model of at least {:.4g} parameters, but the checkpoint's tensors "
-                                    "hold {:.4g} values in all: a size or count in it is wrong (checked before "
-                                    "building anything; non-strict loading skips this check)",
-                                    source, parameters, stored));
+                                    "hold {:.4g} values in all: a size or count in it is wrong; most of them are {} "
+                                    "(checked before building anything; non-strict loading skips this check)",
+                                    source, parameters, stored, config.decoder.largest_size_term()));
     }
   }
   if (!options.check_memory) return;
@@ -117,23 +116,12 @@ void check_model_size(const ModelConfig& config, const checkpoint::Checkpoint* w
   const double memory = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
   if (memory > 0 && parameters * element > memory) {
     throw ConfigError(fmt::format("{}: a model of at least {:.4g} parameters needs {} as {}, more than this "
-                                  "machine's {} of memory (checked before building anything; --no-memory-check / "
-                                  "PretrainedOptions::check_memory = false builds it anyway)",
+                                  "machine's {} of memory; most of them are {} (checked before building anything; "
+                                  "--no-memory-check / PretrainedOptions::check_memory = false builds it anyway)",
                                   source, parameters, format_bytes(parameters * element),
-                                  c10::toString(options.dtype.value_or(at::kFloat)), format_bytes(memory)));
+                                  c10::toString(options.dtype.value_or(at::kFloat)), format_bytes(memory),
+                                  config.decoder.largest_size_term()));
   }
-}
-
-}  // namespace
-
-namespace {
-
-// Whether the directory `handle` holds is still the one at its path: a save that swapped a new
-// checkpoint in removes the old one, whose files then vanish under a reader that held it.
-bool replaced_meanwhile(const checkpoint::DirectoryHandle& handle) {
-  struct stat held {}, now {};
-  return ::stat(handle.file(".").c_str(), &held) == 0 &&
-         (::stat(handle.path().c_str(), &now) != 0 || held.st_dev != now.st_dev || held.st_ino != now.st_ino);
 }
 
 }  // namespace
@@ -141,36 +129,30 @@ bool replaced_meanwhile(const checkpoint::DirectoryHandle& handle) {
 std::shared_ptr<PretrainedModel> from_pretrained(const std::filesystem::path& dir, const PretrainedOptions& options,
                                                  checkpoint::LoadReport* report) {
   const auto& registries = options.registries;
-  // Config and weights through one directory handle, so a save swapping a new checkpoint in meanwhile
-  // cannot give us the config of one and the weights of the other. Should that save also remove the
-  // old directory while we read it, we read the new one from the start (a few times at most).
+  // Config and weights through one directory handle: its shared lock keeps a save from switching its
+  // files in between the two. The weights are memory-mapped, so the handle goes before the build.
   const bool is_dir = std::filesystem::is_directory(dir);
   const auto config_path = is_dir ? dir / "config.json" : dir;
-  for (int attempt = 0;; ++attempt) {
-    std::optional<checkpoint::DirectoryHandle> handle;
-    if (is_dir) handle = checkpoint::DirectoryHandle::open(dir);
-    try {
-      const auto config = with_overrides(
-          handle ? ModelConfig::from_file(handle->file("config.json"), &registries.families(), config_path.string())
-                 : ModelConfig::from_file(dir, &registries.families()),
-          options.config_overrides, config_path.string() + " (with overrides)", registries);
-      const auto weights = handle ? checkpoint::Checkpoint::open(*handle) : checkpoint::Checkpoint::open(dir.parent_path());
-      check_model_size(config, &weights, options, config_path.string());
-      std::shared_ptr<PretrainedModel> model;
-      {
-        nn::SkipInit skip;  // the checkpoint provides the values (the report says what it did not)
-        model = from_config(config, registries);
-      }
-      if (options.dtype) model->to(*options.dtype);
-      auto result = checkpoint::load_weights(
-          *model, weights, checkpoint::LoadOptions{options.strict, &registries.conversions(), options.reject_non_finite,
-                                           options.copy_weights});
-      if (report) *report = std::move(result);
-      return model;
-    } catch (const Error&) {
-      if (!handle || attempt == 3 || !replaced_meanwhile(*handle)) throw;
-    }
+  std::optional<checkpoint::DirectoryHandle> handle;
+  if (is_dir) handle = checkpoint::DirectoryHandle::open(dir);
+  const auto config = with_overrides(
+      handle ? ModelConfig::from_file(handle->file("config.json"), &registries.families(), config_path.string())
+             : ModelConfig::from_file(dir, &registries.families()),
+      options.config_overrides, config_path.string() + " (with overrides)", registries);
+  const auto weights = handle ? checkpoint::Checkpoint::open(*handle) : checkpoint::Checkpoint::open(dir.parent_path());
+  handle.reset();
+  check_model_size(config, &weights, options, config_path.string());
+  std::shared_ptr<PretrainedModel> model;
+  {
+    nn::SkipInit skip;  // the checkpoint provides the values (the report says what it did not)
+    model = from_config(config, registries);
   }
+  if (options.dtype) model->to(*options.dtype);
+  auto result = checkpoint::load_weights(
+      *model, weights, checkpoint::LoadOptions{options.strict, &registries.conversions(), options.reject_non_finite,
+                                               options.copy_weights});
+  if (report) *report = std::move(result);
+  return model;
 }
 
 namespace {

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <sys/types.h>
@@ -81,6 +82,10 @@ struct PluginHostOptions {
   /// Where probe outcomes are kept by file identity (empty: not kept); see default_probe_cache().
   std::filesystem::path probe_cache;
   std::chrono::milliseconds probe_timeout{10000};
+  /// Called with a drop-in plugin's file just before its code first runs in this process without a
+  /// probe (`probe` off): should it crash the process, the last line printed names it. The CLI prints
+  /// "loading plugin FILE without a probe" with --no-probe.
+  std::function<void(const std::filesystem::path& file)> before_unprobed_load;
 };
 
 /// Loads plugins into `registries` (the process-wide ones by default): their patches, conversions and
@@ -125,6 +130,8 @@ class PluginHost {
  private:
   PluginRecord& refuse(PluginRecord& record, std::string reason);
   PluginRecord load_locked(const std::filesystem::path& file, PluginMode mode);
+  /// Whether plugins loaded in `mode` are tried in a child process first (PluginHostOptions::probe).
+  bool probed(PluginMode mode) const;
   std::optional<std::string> probe(const std::filesystem::path& file, const struct ::stat& st, PluginMode mode);
   std::optional<std::string> adopt(const LoadedIdentity& loaded, PluginRecord& record, std::size_t index);
   // The stages of load_file; each returns why the plugin is refused, or nullopt.

@@ -12,12 +12,15 @@
 
 namespace torchpatch::checkpoint {
 
-/// A checkpoint directory held open: files opened through file() all come from the directory as it
-/// was when opened, even when a save swaps a new checkpoint in meanwhile (saves replace whole
-/// directories), so config and weights read through one handle always belong together.
+/// A checkpoint directory held open for reading: while any copy of the handle lives it holds a
+/// shared lock (flock) on the directory, and a save switches its files in under the exclusive one, so
+/// config and weights read through one handle belong to one checkpoint. Open it, read what is needed
+/// (weights are memory-mapped, and stay valid after the switch), and let it go (the lock goes with
+/// the last copy): a save to the same directory waits for it. Opening completes a save that was killed while switching its files in.
 class TORCHPATCH_API DirectoryHandle {
  public:
-  /// Throws CheckpointError naming `dir` when it is not a directory that can be opened.
+  /// Throws CheckpointError naming `dir` when it is not a directory that can be opened, or when an
+  /// interrupted save there cannot be completed (no write access).
   static DirectoryHandle open(const std::filesystem::path& dir);
   /// The directory as given, for messages.
   const std::filesystem::path& path() const { return path_; }

@@ -97,11 +97,14 @@ struct TORCHPATCH_API SaveOptions {
 };
 
 /// Writes `dir/config.json` and `dir/model.safetensors` (or shards `model-0000i-of-0000n.safetensors`
-/// with `model.safetensors.index.json`). The checkpoint is replaced as a whole: written and synced in
-/// a staging directory beside `dir`, the old directory's other files (tokenizer, README, ...) linked
-/// in, then swapped in with one atomic rename. Killed at any moment, `dir` holds the old complete
-/// checkpoint or the new one; a failure (a full disk) leaves the old one as it was. Files of the old
-/// layout (shards, index, single file) do not survive the switch.
+/// with `model.safetensors.index.json`). The directory is kept (its owner, group, mode, other files
+/// and subdirectories; it may be a mount point, its parent need not be writable): the files are
+/// written and synced in a staging directory inside it, committed, then each renamed over its old
+/// namesake under an exclusive lock that readers (DirectoryHandle) respect, config.json last. Killed
+/// at any moment, `dir` holds the old complete checkpoint or, once the next load or save there has
+/// completed the commit, the new one; a failure before the commit (a full disk) leaves the old one as
+/// it was. Files of the old layout (shards, index, single file) the new one lacks are removed; no other
+/// file is touched.
 TORCHPATCH_API void save_pretrained(const Loadable& model, const std::filesystem::path& dir,
                                     const SaveOptions& options = {});
 

@@ -87,6 +87,9 @@ struct TORCHPATCH_API DecoderConfig {
   /// matrices; as a double, so absurd sizes do not overflow). Checked against a checkpoint's tensors
   /// and the machine's memory before anything is allocated.
   double parameter_lower_bound() const;
+  /// The largest term of parameter_lower_bound(), with the fields that make it ("the embeddings,
+  /// vocab_size 1000000000000 x hidden_size 64"): what a refusal of the model's size names.
+  std::string largest_size_term() const;
 
   /// What the rotary embedding needs of this config.
   operator nn::RopeOptions() const { return {rope, head_dim, max_position_embeddings}; }

@@ -47,7 +47,9 @@ TORCHPATCH_API at::Tensor routes_to_array(const std::vector<at::Tensor>& per_lay
 /// vLLM's [T, layers, K] array -> per layer [T, K] int64. InputError for another rank.
 TORCHPATCH_API std::vector<at::Tensor> routes_from_array(const at::Tensor& routed_experts);
 
-/// Writes a C-ordered numpy .npy file (format 1.0) of an int32, int64, float32 or float64 tensor.
+/// Writes a C-ordered numpy .npy file (format 1.0) of an int32, int64, float32 or float64 tensor, whole
+/// or not at all (checkpoint::AtomicFile: checked, synced, renamed over `path`); a failed write, a full
+/// disk say, is a CheckpointError naming the file.
 TORCHPATCH_API void save_npy(const std::filesystem::path& path, const at::Tensor& tensor);
 /// Reads what save_npy writes (and numpy's own little-endian C-ordered files of those dtypes);
 /// InputError naming the file for anything else.
