@@ -265,6 +265,29 @@ TEST_CASE("a save leaves files another process writes into the directory meanwhi
   CHECK(loads_as(out) == "llama");
 }
 
+TEST_CASE("files written into the directory while saves run all survive", "[hardening][save]") {
+  ScratchDir dir("written-during-saves");
+  const auto out = dir.path / "ckpt";
+  REQUIRE(torchpatch_cli("save --preset tiny-llama --max-shard-bytes 20000 --out " + out.string()).code == 0);
+  const std::string save = std::string(TORCHPATCH_CLI) + " save --max-shard-bytes 30000 --out " + out.string();
+  const std::string loop = "for i in 1 2 3 4; do " + save + " --preset tiny-mistral >/dev/null && " + save +
+                           " --preset tiny-llama >/dev/null || exit 1; done";
+  const char* argv[] = {"/bin/sh", "-c", loop.c_str(), nullptr};
+  pid_t saver = -1;
+  REQUIRE(posix_spawn(&saver, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ) == 0);
+  int written = 0, status = 0;
+  while (::waitpid(saver, &status, WNOHANG) == 0) {
+    write_text(out / fmt::format("notes-{}.txt", written++), "another process's file");
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  int kept = 0;
+  for (int i = 0; i < written; ++i) kept += fs::exists(out / fmt::format("notes-{}.txt", i));
+  CHECK(kept == written);
+  WARN(written << " files written during 8 saves, " << kept << " kept");
+  CHECK(loads_as(out) == "llama");
+}
+
 TEST_CASE("routing record on a full disk is an error naming the file, and leaves no file", "[hardening][save][routing]") {
   ScratchDir dir("full-disk-routes");
   const auto routes = dir.path / "routes.npy";
@@ -328,8 +351,10 @@ TEST_CASE("torchpatch save killed at any moment leaves the old or the new checkp
     INFO("kill " << i);
     CHECK((type == "llama" || type == "mistral"));
     outcomes[type]++;
-    // The load completed or discarded what the killed save left: no staging or commit directory.
+    // The load completed or discarded what the killed save left: no staging or commit directory in
+    // it, and nothing beside it (saves once left a hidden copy of the checkpoint there).
     for (const auto& entry : fs::directory_iterator(out)) CHECK(entry.path().filename().string().rfind(".torchpatch-", 0) != 0);
+    for (const auto& entry : fs::directory_iterator(dir.path)) CHECK(entry.path().filename() == "ckpt");
   }
   WARN("outcomes of " << kills << " kills: llama (old) " << outcomes["llama"] << ", mistral (new) " << outcomes["mistral"]);
 }

@@ -124,7 +124,9 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 NamedTensors follow_on(const ConversionPlan& plan, NamedTensors produced, std::size_t scope, bool inward,
                        std::set<std::string>& used) {
   NamedTensors out;
-  for (auto& [key, tensor] : produced) {
+  for (auto& item : produced) {
+    const std::string& key = item.first;
+    at::Tensor& tensor = item.second;  // a named variable: lambdas cannot capture structured bindings
     const auto next = plan.then(key, scope, inward);
     if (!next) {
       out.emplace_back(key, std::move(tensor));
