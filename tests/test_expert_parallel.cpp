@@ -95,7 +95,7 @@ TEST_CASE("expert-parallel rank", "[.ep-rank]") {
   };
   const ScopedPatchMapping parallel({{"Qwen2MoeAttention", cls("TensorParallelAttention")},
                                      {"Qwen2MoeMLP", cls("TensorParallelMLP")},
-                                     {"Qwen2MoeSparseMoeBlock", cls("Qwen2MoeExpertParallelBlock")},
+                                     {"Qwen2MoeSparseMoeBlock", cls("ExpertParallelBlock")},
                                      {"Qwen2MoeExperts", cls("ExpertParallelExperts")}});
   const auto rss_before = status_kib("VmRSS");
   const auto model = from_pretrained(model_dir);

@@ -13,6 +13,7 @@
 #include "torchpatch/checkpoint/load.h"
 #include "torchpatch/checkpoint/safetensors.h"
 #include "torchpatch/dist/process_group.h"
+#include "torchpatch/models/family.h"
 #include "torchpatch/error.h"
 #include "torchpatch/nn/quant.h"
 #include "torchpatch/runtime/auto.h"
@@ -154,34 +155,55 @@ std::shared_ptr<dist::ProcessGroup> process_group() {
 }
 
 namespace {
-// The bundled plugin's classes parallel_patches maps to.
-const std::set<std::string>& parallel_classes() {
-  static const std::set<std::string> names{
-      "TensorParallelAttention",     "TensorParallelQkNormAttention", "TensorParallelFusedQkvAttention",
-      "TensorParallelMLP",           "TensorParallelFusedMLP",        "Qwen2MoeExpertParallelBlock",
-      "Qwen3MoeExpertParallelBlock", "ExpertParallelExperts"};
-  return names;
+// The bundled plugin's class for each parallel style a family's plan names (models/family.h).
+const std::map<std::string, std::string>& parallel_classes() {
+  static const std::map<std::string, std::string> classes{
+      {parallel_style::kAttention, "TensorParallelAttention"},
+      {parallel_style::kQkNormAttention, "TensorParallelQkNormAttention"},
+      {parallel_style::kFusedQkvAttention, "TensorParallelFusedQkvAttention"},
+      {parallel_style::kMlp, "TensorParallelMLP"},
+      {parallel_style::kFusedMlp, "TensorParallelFusedMLP"},
+      {parallel_style::kExperts, "ExpertParallelExperts"},
+      {parallel_style::kSparseBlock, "ExpertParallelBlock"}};
+  return classes;
+}
+
+bool is_parallel_class(const std::string& name) {
+  for (const auto& [style, cls] : parallel_classes()) {
+    if (cls == name) return true;
+  }
+  return false;
+}
+
+// "llama, mistral, ..." : the families whose plan splits something.
+std::string splitting_families(const FamilyRegistry& families) {
+  std::vector<std::string> names;
+  for (const auto& family : families.all()) {
+    if (!family->parallel_plan.empty()) names.push_back(family->model_type);
+  }
+  return fmt::format("{}", fmt::join(names, ", "));
 }
 }  // namespace
 
 std::optional<ScopedPatchMapping> parallel_patches(PluginHost& host) {
   if (!process_group()) return std::nullopt;
-  const auto find = [&](const std::string& name) {
-    auto found = host.find_class(name);
+  const auto find = [&](const std::string& style) {
+    const auto known = parallel_classes().find(style);
+    if (known == parallel_classes().end()) {
+      throw ConfigError(fmt::format("a family's parallel plan names style '{}', which the bundled plugin "
+                                    "'tensor-parallel' does not have",
+                                    printable(style)));
+    }
+    auto found = host.find_class(known->second);
     if (!found) throw UsageError("running as a group of processes needs the bundled plugin 'tensor-parallel'");
     return *found;
   };
-  return std::optional<ScopedPatchMapping>(
-      std::in_place,
-      PatchMapping::Items{{"^(Llama|Mistral|Qwen2|Qwen2Moe|Gemma|Gemma2)Attention$", find("TensorParallelAttention")},
-                          {"^Qwen3MoeAttention$", find("TensorParallelQkNormAttention")},
-                          {"^Phi3Attention$", find("TensorParallelFusedQkvAttention")},
-                          {"^(Llama|Mistral|Qwen2|Qwen2Moe|Qwen3Moe|Gemma|Gemma2)MLP$", find("TensorParallelMLP")},
-                          {"^Phi3MLP$", find("TensorParallelFusedMLP")},
-                          {"^Qwen2MoeSparseMoeBlock$", find("Qwen2MoeExpertParallelBlock")},
-                          {"^Qwen3MoeSparseMoeBlock$", find("Qwen3MoeExpertParallelBlock")},
-                          {"^Qwen(2|3)MoeExperts$", find("ExpertParallelExperts")}},
-      false, host.registries().patches());
+  // Every family's plan, key by key: the families say what splits, the plugin how.
+  PatchMapping::Items items;
+  for (const auto& family : host.registries().families().all()) {
+    for (const auto& [cls, style] : family->parallel_plan) items.emplace_back(cls, find(style));
+  }
+  return std::optional<ScopedPatchMapping>(std::in_place, items, false, host.registries().patches());
 }
 
 BuiltModel build_model(PluginHost& host, const Args& args) {
@@ -196,12 +218,11 @@ BuiltModel build_model(PluginHost& host, const Args& args) {
   }
   const auto patches = parallel_patches(host);
   auto built = load_model(source, LoadModelOptions{pretrained_options(args, host), args.flag("strict")});
-  if (group && std::none_of(built.plan.begin(), built.plan.end(), [](const PlanEntry& entry) {
-        return parallel_classes().count(entry.record.class_name) > 0;
-      })) {
-    throw ConfigError(fmt::format("{}: nothing of it splits between processes (tensor parallelism covers the attention "
-                                  "and MLPs of Llama, Mistral, Qwen2, Gemma, Gemma2, Phi-3, Qwen2-MoE and Qwen3-MoE, and the MoE families' experts)",
-                                  built.model->class_name()));
+  if (group && std::none_of(built.plan.begin(), built.plan.end(),
+                            [](const PlanEntry& entry) { return is_parallel_class(entry.record.class_name); })) {
+    throw ConfigError(fmt::format("{}: nothing of it splits between processes (its family declares no parallel plan; "
+                                  "the families that split: {})",
+                                  built.model->class_name(), splitting_families(host.registries().families())));
   }
   return built;
 }

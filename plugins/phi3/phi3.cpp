@@ -116,6 +116,7 @@ Family phi3_family() {
   auto family = decoder_family<Phi3Attention, Phi3MLP, Phi3RMSNorm, Phi3DecoderLayer, Phi3Model, Phi3ForCausalLM>(
       "phi3", spec(), traits);
   family.parse_config = [traits](const nlohmann::json& j, const std::string& source) { return parse_phi3(j, source, traits); };
+  family.parallel_plan["Phi3MLP"] = parallel_style::kFusedMlp;  // one gate_up_proj, split by column halves
   auto tiny = tiny_decoder_preset("phi3", "Phi3ForCausalLM");
   tiny["original_max_position_embeddings"] = 256;
   family.presets = {{"tiny-phi3", tiny}};

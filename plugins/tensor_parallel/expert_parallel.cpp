@@ -1,4 +1,5 @@
-// Expert parallelism for the MoE families (Qwen2-MoE, Qwen3-MoE): rank r of N holds experts
+// Expert parallelism for the MoE families (those whose parallel plan has the `experts` and
+// `sparse_block` styles): rank r of N holds experts
 // [r*E/N, (r+1)*E/N), the router runs on every rank (its inputs are the same bits everywhere, so
 // are its choices), each rank runs its experts' share of the chosen pairs, the shared expert is split
 // like the MLP, and one all-reduce per block sums both:
@@ -11,8 +12,7 @@
 #include <fmt/format.h>
 
 #include "parallel.h"
-#include "torchpatch/models/qwen2_moe.h"
-#include "torchpatch/models/qwen3_moe.h"
+#include "torchpatch/models/family.h"
 
 namespace torchpatch_tensor_parallel {
 
@@ -158,14 +158,25 @@ class ExpertParallelExperts : public torchpatch::nn::FusedExperts {
 
 // -- the sparse block -----------------------------------------------------------------------------------
 
-/// A family's sparse MoE block whose output is reduced once over the group: the routed experts' and
-/// the shared expert's partial sums together. A part another replacement made whole is added after
-/// the all-reduce, on every rank.
-template <class Block>
-class ExpertParallelBlock : public Block {
+// The family's decoder classes, which the block builds its router, experts and shared expert from.
+const torchpatch::DecoderSpec& family_classes(const BuildContext& ctx) {
+  const auto& family = torchpatch::model_config(ctx).family;
+  if (!family || !family->decoder) {
+    throw ConfigError(fmt::format("{}: the config names no decoder family to build the expert-parallel block from",
+                                  ctx.path));
+  }
+  return *family->decoder;
+}
+
+/// A family's sparse MoE block (built from its classes) whose output is reduced once over the group:
+/// the routed experts' and the shared expert's partial sums together. A part another replacement
+/// made whole is added after the all-reduce, on every rank.
+class ExpertParallelBlock : public torchpatch::SparseMoeBlock {
+  using Block = torchpatch::SparseMoeBlock;
+
  public:
   explicit ExpertParallelBlock(const BuildContext& ctx)
-      : Block(ctx),
+      : Block(ctx, family_classes(ctx)),
         group_(torchpatch::dist::active_group()),
         split_experts_(dynamic_cast<ExpertParallelExperts*>(this->experts.get())),
         split_shared_(dynamic_cast<TensorParallelMLP*>(this->shared_expert.get())) {
@@ -202,12 +213,7 @@ class ExpertParallelBlock : public Block {
 void register_expert_parallel(torchpatch::Registrar& registrar) {
   registrar.add_replacement(torchpatch::module_class<ExpertParallelExperts>("ExpertParallelExperts"), {});
   registrar.add_conversion("ExpertParallelExperts", experts_rules);
-  registrar.add_replacement(torchpatch::module_class<ExpertParallelBlock<torchpatch::qwen2_moe::Qwen2MoeSparseMoeBlock>>(
-                                "Qwen2MoeExpertParallelBlock"),
-                            {});
-  registrar.add_replacement(torchpatch::module_class<ExpertParallelBlock<torchpatch::qwen3_moe::Qwen3MoeSparseMoeBlock>>(
-                                "Qwen3MoeExpertParallelBlock"),
-                            {});
+  registrar.add_replacement(torchpatch::module_class<ExpertParallelBlock>("ExpertParallelBlock"), {});
 }
 
 }  // namespace torchpatch_tensor_parallel

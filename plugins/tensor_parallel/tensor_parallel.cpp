@@ -23,7 +23,7 @@
 
 #include "parallel.h"
 #include "sharding.h"
-#include "torchpatch/models/gemma.h"
+#include "torchpatch/models/family.h"
 
 namespace torchpatch_tensor_parallel {
 
@@ -119,15 +119,12 @@ std::pair<int64_t, int64_t> local_head_counts(const BuildContext& ctx, int64_t h
   return {heads / n, kv / kv_parts(kv, n)};
 }
 
-// The family's attention options (Gemma2: its query scale and soft cap) with rank r's share of the heads.
+// The family's attention options (Gemma2 gives its query scale and soft cap) with rank r's share of the heads.
 torchpatch::nn::GqaOptions local_heads(const BuildContext& ctx, const std::shared_ptr<ProcessGroup>& group) {
   const auto& config = torchpatch::model_config(ctx);
-  auto options = torchpatch::attention_options(config.decoder);
-  if (config.model_type == "gemma2") {
-    const auto& own = config.family_fields<torchpatch::gemma2::Gemma2Config>();
-    options.scaling = 1.0 / std::sqrt(own.query_pre_attn_scalar);
-    options.softcap = own.attn_logit_softcapping;
-  }
+  const auto& family = config.family;
+  auto options = family && family->attention_options ? family->attention_options(config)
+                                                     : torchpatch::attention_options(config.decoder);
   std::tie(options.num_heads, options.num_key_value_heads) =
       local_head_counts(ctx, options.num_heads, options.num_key_value_heads, world_of(group));
   return options;

@@ -9,6 +9,7 @@
 #include "torchpatch/models/mistral.h"
 #include "torchpatch/models/qwen2.h"
 #include "torchpatch/models/qwen2_moe.h"
+#include "torchpatch/models/qwen3.h"
 #include "torchpatch/models/qwen3_moe.h"
 #include "torchpatch/nn/linear.h"
 
@@ -35,8 +36,8 @@ ModuleClass linear_class() {
 
 void add_builtin_families(FamilyRegistry& families) {
   families.add_shared_patch_point(linear_class());
-  for (auto family : {llama::family(), mistral::family(), qwen2::family(), qwen2_moe::family(), qwen3_moe::family(),
-                      gemma::family(), gemma2::family(), bert::family()}) {
+  for (auto family : {llama::family(), mistral::family(), qwen2::family(), qwen2_moe::family(), qwen3::family(),
+                      qwen3_moe::family(), gemma::family(), gemma2::family(), bert::family()}) {
     families.add(std::move(family));
   }
 }

@@ -289,7 +289,9 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source, con
   FieldReader f(j, source);
   if (!f.has("model_type")) throw ConfigError(fmt::format("{}: missing required field 'model_type'", source));
   const auto family = family_of(f.string("model_type", ""), source, families ? *families : global_families());
-  return family->parse_config(j, source);
+  auto config = family->parse_config(j, source);
+  config.family = family;
+  return config;
 }
 
 bool MoeConfig::is_sparse_layer(int64_t layer_idx) const {

@@ -75,8 +75,7 @@ void Gemma2Config::to_json(nlohmann::json& j) const {
 }
 
 namespace {
-nn::GqaOptions gemma2_attention(const BuildContext& ctx) {
-  const auto& config = model_config(ctx);
+nn::GqaOptions gemma2_attention_options(const ModelConfig& config) {
   const auto& own = config.family_fields<Gemma2Config>();
   auto options = attention_options(config.decoder);
   options.scaling = 1.0 / std::sqrt(own.query_pre_attn_scalar);
@@ -94,7 +93,7 @@ std::optional<double> read_cap(const ConfigReader& f, const char* key, double fa
 }
 }  // namespace
 
-Gemma2Attention::Gemma2Attention(const BuildContext& ctx) : GqaAttention(gemma2_attention(ctx)) {}
+Gemma2Attention::Gemma2Attention(const BuildContext& ctx) : GqaAttention(gemma2_attention_options(model_config(ctx))) {}
 
 Gemma2DecoderLayer::Gemma2DecoderLayer(const BuildContext& ctx) {
   const auto& s = spec();
@@ -141,6 +140,7 @@ Family family() {
     config.fields = std::move(own);
     return config;
   };
+  family.attention_options = gemma2_attention_options;
   auto tiny = tiny_gemma_preset("gemma2", "Gemma2ForCausalLM");
   tiny.update({{"sliding_window", 8}, {"query_pre_attn_scalar", 16}});
   family.presets = {{"tiny-gemma2", tiny}};

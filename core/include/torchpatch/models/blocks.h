@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "torchpatch/models/config.h"
+#include "torchpatch/models/decoder_spec.h"
 #include "torchpatch/nn/attention.h"
 #include "torchpatch/nn/linear.h"
 #include "torchpatch/nn/mlp.h"
@@ -17,21 +18,6 @@
 #include "torchpatch/patching/roles.h"
 
 namespace torchpatch {
-
-/// A decoder family's class names: its patch-point keys and its model classes.
-struct TORCHPATCH_API DecoderSpec {
-  std::string attention;      ///< e.g. "LlamaAttention"
-  std::string mlp;            ///< e.g. "LlamaMLP"
-  std::string norm;           ///< e.g. "LlamaRMSNorm" (every norm of the layers and the final one)
-  std::string decoder_layer;  ///< e.g. "LlamaDecoderLayer"
-  std::string base_model;     ///< e.g. "LlamaModel"
-  std::string causal_lm;      ///< e.g. "LlamaForCausalLM"
-  // MoE families: the block of sparse layers (config.moe.is_sparse_layer) and its parts.
-  std::string sparse_block = {};   ///< e.g. "Qwen2MoeSparseMoeBlock"
-  std::string router = {};         ///< e.g. "Qwen2MoeTopKRouter"
-  std::string experts = {};        ///< e.g. "Qwen2MoeExperts"
-  std::string shared_expert = {};  ///< e.g. "Qwen2MoeMLP"; "" = none (Qwen3-MoE)
-};
 
 /// The typed config a decoder patch point was built for (ConfigError when it is not a ModelConfig).
 TORCHPATCH_API const ModelConfig& model_config(const BuildContext& ctx);

@@ -116,6 +116,7 @@ struct TORCHPATCH_API BertConfig : FamilyFields {
 };
 
 class FamilyRegistry;
+struct Family;
 
 /// A model's configuration: its `model_type`, the typed fields the built-in modules use, and the raw
 /// JSON so replacements can read any field they need. Parsed by the family of `model_type`.
@@ -123,6 +124,9 @@ struct TORCHPATCH_API ModelConfig : Config {
   DecoderConfig decoder;
   /// The family's own fields; null when it has none.
   std::shared_ptr<const FamilyFields> fields;
+  /// The family that read it (from_json sets it): what a plugin asks for the family's classes and
+  /// parallel plan, instead of keeping a list of family names. Null for a config parsed directly.
+  std::shared_ptr<const Family> family;
 
   /// The family's fields as `T`; ConfigError when the family has none of that type.
   template <typename T>

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "torchpatch/models/decoder.h"
@@ -45,6 +46,17 @@ Family decoder_family(std::string model_type, const DecoderSpec& spec, DecoderTr
   family.patch_points = {module_class<Attention>(spec.attention), module_class<Mlp>(spec.mlp),
                          module_class<Norm>(spec.norm),           module_class<Layer>(spec.decoder_layer),
                          module_class<Base>(spec.base_model),     module_class<CausalLM>(spec.causal_lm)};
+  family.decoder = spec;
+  // The parallel plan follows from the blocks the classes are made of; a family on other blocks
+  // declares its own entries (or none: it does not split).
+  if constexpr (std::is_base_of_v<nn::QkNormAttention, Attention>) {
+    family.parallel_plan[spec.attention] = parallel_style::kQkNormAttention;
+  } else if constexpr (std::is_base_of_v<nn::GqaAttention, Attention>) {
+    family.parallel_plan[spec.attention] = parallel_style::kAttention;
+  } else if constexpr (std::is_base_of_v<FusedQkvAttention, Attention>) {
+    family.parallel_plan[spec.attention] = parallel_style::kFusedQkvAttention;
+  }
+  if constexpr (std::is_base_of_v<nn::GatedMlp, Mlp>) family.parallel_plan[spec.mlp] = parallel_style::kMlp;
   return family;
 }
 
@@ -55,6 +67,8 @@ void add_moe_parts(Family& family, const DecoderSpec& spec) {
   family.patch_points.push_back(module_class<Block>(spec.sparse_block));
   family.patch_points.push_back(module_class<Router>(spec.router));
   family.patch_points.push_back(module_class<Experts>(spec.experts));
+  family.parallel_plan[spec.experts] = parallel_style::kExperts;
+  family.parallel_plan[spec.sparse_block] = parallel_style::kSparseBlock;
   family.conversions = [](const Config&) {
     using namespace checkpoint;
     return ConversionRules{

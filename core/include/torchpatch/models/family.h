@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +19,8 @@
 
 #include "torchpatch/checkpoint/conversion.h"
 #include "torchpatch/models/config.h"
+#include "torchpatch/models/decoder_spec.h"
+#include "torchpatch/nn/attention.h"
 #include "torchpatch/models/pretrained.h"
 #include "torchpatch/patching/class_table.h"
 #include "torchpatch/patching/module_class.h"
@@ -28,6 +31,18 @@ namespace torchpatch {
 
 /// Builds a whole model of one class from its config (the patches in force apply).
 using ModelFactory = std::function<std::shared_ptr<PretrainedModel>(const ModelConfig&)>;
+
+/// How a patch point splits between processes: the styles of a family's parallel plan. A parallel
+/// plugin (the bundled `tensor-parallel`) has one class per style.
+namespace parallel_style {
+inline constexpr const char* kAttention = "attention";                   ///< grouped heads: q/k/v by head, o by input
+inline constexpr const char* kQkNormAttention = "qk_norm_attention";     ///< the same, with per-head q/k RMSNorm
+inline constexpr const char* kFusedQkvAttention = "fused_qkv_attention"; ///< one qkv_proj (Phi-3)
+inline constexpr const char* kMlp = "mlp";                               ///< gate/up by column, down by row
+inline constexpr const char* kFusedMlp = "fused_mlp";                    ///< one gate_up_proj (Phi-3)
+inline constexpr const char* kExperts = "experts";                       ///< expert parallel: E / N experts a rank
+inline constexpr const char* kSparseBlock = "sparse_block";              ///< routed and shared experts, one reduction
+}  // namespace parallel_style
 
 struct TORCHPATCH_API Family {
   std::string model_type;  ///< e.g. "llama"
@@ -45,6 +60,17 @@ struct TORCHPATCH_API Family {
   std::map<std::string, std::map<std::string, OutputRecorder>> recorders;
   /// Built-in models with fixed shapes: name -> config.json object.
   std::vector<std::pair<std::string, nlohmann::json>> presets;
+  /// A decoder family's classes (none for BERT): what a replacement of a whole block builds its
+  /// parts from.
+  std::optional<DecoderSpec> decoder;
+  /// How the family splits between processes, as Hugging Face's `tp_plan`: patch-point class ->
+  /// parallel_style. Classes without an entry run whole on every rank; a family without a plan does
+  /// not split (`--tp` refuses it, naming it).
+  std::map<std::string, std::string> parallel_plan;
+  /// The options of the family's grouped-query attention (null: the shared attention_options of the
+  /// decoder config): what a replacement of its attention (a split one) starts from. Gemma2 adds its
+  /// query scale and soft cap.
+  std::function<nn::GqaOptions(const ModelConfig&)> attention_options;
   /// Where the family came from: builtin or a plugin.
   Origin origin;
 };

@@ -1,0 +1,26 @@
+// A decoder family's class names, in a header of its own: the family descriptor (family.h) and the
+// shared blocks (blocks.h) both name them.
+#pragma once
+
+#include <string>
+
+#include "torchpatch/export.h"
+
+namespace torchpatch {
+
+/// A decoder family's class names: its patch-point keys and its model classes.
+struct TORCHPATCH_API DecoderSpec {
+  std::string attention;      ///< e.g. "LlamaAttention"
+  std::string mlp;            ///< e.g. "LlamaMLP"
+  std::string norm;           ///< e.g. "LlamaRMSNorm" (every norm of the layers and the final one)
+  std::string decoder_layer;  ///< e.g. "LlamaDecoderLayer"
+  std::string base_model;     ///< e.g. "LlamaModel"
+  std::string causal_lm;      ///< e.g. "LlamaForCausalLM"
+  // MoE families: the block of sparse layers (config.moe.is_sparse_layer) and its parts.
+  std::string sparse_block = {};   ///< e.g. "Qwen2MoeSparseMoeBlock"
+  std::string router = {};         ///< e.g. "Qwen2MoeTopKRouter"
+  std::string experts = {};        ///< e.g. "Qwen2MoeExperts"
+  std::string shared_expert = {};  ///< e.g. "Qwen2MoeMLP"; "" = none (Qwen3-MoE)
+};
+
+}  // namespace torchpatch
