@@ -1,5 +1,7 @@
-// Llama against the Python original: tests/data/llama_basic (see its manifest.json).
+// Llama against the Python original: tests/data/llama_basic (see its manifest.json), on the shared
+// reference harness (reference_case.h).
 #include "test_prelude.h"
+#include "reference_case.h"
 #include "test_util.h"
 
 #include "torchpatch/runtime/auto.h"
@@ -10,49 +12,21 @@
 
 using namespace torchpatch;
 
-namespace {
-struct Reference {
-  std::shared_ptr<checkpoint::SafetensorsFile> file =
-      checkpoint::SafetensorsFile::open(testutil::data_dir() / "llama_basic" / "reference.safetensors");
-  at::Tensor get(const std::string& name) const { return file->tensor(name); }
-};
-}  // namespace
+using reference::Case;
 
-TEST_CASE("llama_basic: padded batch logits and hidden states match the reference", "[llama][reference]") {
-  Reference ref;
-  auto model = from_pretrained(testutil::data_dir() / "llama_basic");
+TEST_CASE("llama_basic: padded batch logits and hidden states, and each row alone, match the reference",
+          "[llama][reference]") {
+  const Case c("llama_basic");
+  auto model = from_pretrained(c.dir);
   REQUIRE(model->class_name() == "LlamaForCausalLM");
-  at::NoGradGuard no_grad;
-  ModelInputs in;
-  in.input_ids = ref.get("input_ids");
-  in.attention_mask = ref.get("attention_mask");
-  in.position_ids = ref.get("position_ids");
-  in.output_hidden_states = true;
-  const auto out = model->forward(in);
-  CHECK(testutil::close("logits", out.logits, ref.get("logits"), in.attention_mask));
-  REQUIRE(out.hidden_states.size() == 4);
-  const auto hidden = at::stack(out.hidden_states);
-  CHECK(testutil::close("hidden_states", hidden, ref.get("hidden_states"), in.attention_mask.unsqueeze(0)));
-}
-
-TEST_CASE("llama_basic: each unpadded row alone matches its reference", "[llama][reference]") {
-  Reference ref;
-  auto model = from_pretrained(testutil::data_dir() / "llama_basic");
-  at::NoGradGuard no_grad;
-  for (int row = 0; row < 2; ++row) {
-    ModelInputs in;
-    in.input_ids = ref.get("row" + std::to_string(row) + "_input_ids");
-    const auto out = model->forward(in);
-    CHECK(testutil::close("row" + std::to_string(row) + "_logits", out.logits,
-                          ref.get("row" + std::to_string(row) + "_logits")));
-  }
+  reference::check_forward(*model, c);
 }
 
 TEST_CASE("llama_basic: rope inv_freq matches the reference", "[llama][reference][rope]") {
-  Reference ref;
-  const auto config = ModelConfig::from_file(testutil::data_dir() / "llama_basic");
+  const Case c("llama_basic");
+  const auto config = ModelConfig::from_file(c.dir);
   nn::RotaryEmbedding rope(config.decoder);
-  CHECK(testutil::close("rope_inv_freq", rope.inv_freq(), ref.get("rope_inv_freq"), {}, 1e-7, 1e-6));
+  CHECK(testutil::close("rope_inv_freq", rope.inv_freq(), c.get("rope_inv_freq"), {}, 1e-7, 1e-6));
   CHECK(rope.attention_scaling() == 1.0);
 }
 
@@ -97,7 +71,7 @@ TEST_CASE("tied embeddings share one tensor and load without lm_head.weight", "[
 }
 
 TEST_CASE("the reference comparison catches a wrong answer", "[llama][reference]") {
-  Reference ref;
+  const Case ref("llama_basic");
   const auto mask = ref.get("attention_mask");
   auto wrong = ref.get("logits").clone();
   // Row 1 is left-padded by 4: position 6 is a real token, position 0 a pad.
