@@ -315,21 +315,37 @@ int64_t DecoderConfig::max_positions() const {
   return max_position_embeddings;
 }
 
+namespace {
+
+// The matrices a decoder config implies, in double precision so that absurd sizes do not overflow:
+// the embedding table, and per layer the attention (q, o; k, v), a dense MLP and all experts. Two
+// matrices is the least any MLP has (BERT's; gated ones have three).
+struct SizeTerms {
+  double embeddings, attention, dense, experts;
+};
+
+SizeTerms size_terms(const DecoderConfig& d) {
+  const double h = static_cast<double>(d.hidden_size);
+  return {static_cast<double>(d.vocab_size) * h,
+          h * static_cast<double>(d.head_dim) * (2 * static_cast<double>(d.num_attention_heads) + 2 * static_cast<double>(d.num_key_value_heads)),
+          2 * h * static_cast<double>(d.intermediate_size),
+          2 * h * static_cast<double>(d.moe.num_experts) * static_cast<double>(d.moe.moe_intermediate_size)};
+}
+
+}  // namespace
+
 std::string DecoderConfig::largest_size_term() const {
-  const double h = static_cast<double>(hidden_size);
-  const double embeddings = static_cast<double>(vocab_size) * h;
-  const double attention = h * static_cast<double>(head_dim) * static_cast<double>(2 * num_attention_heads + 2 * num_key_value_heads);
-  const double mlp = 2 * h * static_cast<double>(std::max(intermediate_size, moe.num_experts * moe.moe_intermediate_size));
+  const auto t = size_terms(*this);
   const double layers = static_cast<double>(num_hidden_layers);
-  if (embeddings >= layers * std::max(attention, mlp)) {
+  if (t.embeddings >= layers * std::max({t.attention, t.dense, t.experts})) {
     return fmt::format("the embeddings, vocab_size {} x hidden_size {}", vocab_size, hidden_size);
   }
-  if (attention >= mlp) {
+  if (t.attention >= std::max(t.dense, t.experts)) {
     return fmt::format("attention: num_hidden_layers {} x hidden_size {} x head_dim {} x (2 x {} num_attention_heads "
                        "+ 2 x {} num_key_value_heads)",
                        num_hidden_layers, hidden_size, head_dim, num_attention_heads, num_key_value_heads);
   }
-  if (moe.num_experts * moe.moe_intermediate_size > intermediate_size) {
+  if (t.experts > t.dense) {
     return fmt::format("experts: num_hidden_layers {} x hidden_size {} x {} experts x moe_intermediate_size {}",
                        num_hidden_layers, hidden_size, moe.num_experts, moe.moe_intermediate_size);
   }
@@ -338,19 +354,14 @@ std::string DecoderConfig::largest_size_term() const {
 }
 
 double DecoderConfig::parameter_lower_bound() const {
-  const double h = static_cast<double>(hidden_size);
-  const double attention = h * static_cast<double>(head_dim) *
-                           static_cast<double>(2 * num_attention_heads + 2 * num_key_value_heads);  // q, o; k, v
-  // Two matrices is the least any MLP has (BERT's; gated ones have three).
-  const double dense = 2 * h * static_cast<double>(intermediate_size);
-  const double sparse = static_cast<double>(moe.num_experts) * 2 * h * static_cast<double>(moe.moe_intermediate_size);
-  double total = static_cast<double>(vocab_size) * h;
+  const auto t = size_terms(*this);
+  double total = t.embeddings;
   constexpr int64_t kExact = 4096;  // layers looked at one by one; the rest count at the smaller MLP
   for (int64_t layer = 0; layer < std::min(num_hidden_layers, kExact); ++layer) {
-    total += attention + (moe.is_sparse_layer(layer) ? sparse : dense);
+    total += t.attention + (moe.is_sparse_layer(layer) ? t.experts : t.dense);
   }
   const double rest = static_cast<double>(std::max<int64_t>(0, num_hidden_layers - kExact));
-  return total + rest * (attention + (moe.num_experts > 0 ? std::min(dense, sparse) : dense));
+  return total + rest * (t.attention + (moe.num_experts > 0 ? std::min(t.dense, t.experts) : t.dense));
 }
 
 std::string DecoderConfig::position_limit(bool rotary) const {
