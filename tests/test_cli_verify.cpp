@@ -48,7 +48,7 @@ TEST_CASE("cli verify passes for every bundled plugin on its reference case", "[
     const auto experts = verify(case_name, "--patch " + moe + "Experts=SequentialExperts");
     check_passes(experts, 2);
     CHECK(experts["outputs"].size() == 7);  // logits, last hidden, 3 hidden states, 2 router logits
-    check_passes(verify(case_name, "--patch " + moe + "TopKRouter=Replayable" + moe + "TopKRouter"), 2);
+    check_passes(verify(case_name, "--patch " + moe + "TopKRouter=ReplayableTopKRouter"), 2);
   }
 }
 

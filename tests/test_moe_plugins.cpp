@@ -85,7 +85,7 @@ TEST_CASE("SequentialExperts loads the per-expert hub layout and matches the ref
 }
 
 TEST_CASE("replay: record during generation, change the router, replay the same experts", "[moe][replay]") {
-  ScopedPatchMapping patch({{"Qwen2MoeTopKRouter", bundled_class("ReplayableQwen2MoeTopKRouter")}});
+  ScopedPatchMapping patch({{"Qwen2MoeTopKRouter", bundled_class("ReplayableTopKRouter")}});
   auto model = load("qwen2_moe_basic");
   const auto prompt = reference("qwen2_moe_basic", "row0_input_ids");
 
@@ -144,7 +144,7 @@ TEST_CASE("replay: wrong router count, shapes, ids and plain routers are clear e
   const auto routes = std::vector<at::Tensor>{at::zeros({4, 2}, at::kLong), at::zeros({4, 2}, at::kLong)};
   REQUIRE_THROWS_WITH(ReplayMoeRouting(*plain, routes), Contains("router Qwen2MoeTopKRouter at model.layers.0.mlp.gate "
                                                                  "cannot replay routes"));
-  ScopedPatchMapping patch({{"Qwen2MoeTopKRouter", bundled_class("ReplayableQwen2MoeTopKRouter")}});
+  ScopedPatchMapping patch({{"Qwen2MoeTopKRouter", bundled_class("ReplayableTopKRouter")}});
   auto model = load("qwen2_moe_basic");
   REQUIRE_THROWS_WITH(ReplayMoeRouting(*model, {routes[0]}), Contains("has 2 routers but 1 route tensors were given"));
   REQUIRE_THROWS_WITH(ReplayMoeRouting(*model, {routes[0], at::zeros({4, 3}, at::kLong)}),
@@ -235,13 +235,13 @@ TEST_CASE("default experts save back to the per-expert hub layout bit-exactly, a
   for (const std::string case_name : {"qwen2_moe_basic", "qwen3_moe_basic"}) {
     check_saves_hub_layout(*load(case_name), case_name, "fused");
   }
-  ScopedPatchMapping patch({{"Qwen3MoeTopKRouter", bundled_class("ReplayableQwen3MoeTopKRouter")}});
+  ScopedPatchMapping patch({{"Qwen3MoeTopKRouter", bundled_class("ReplayableTopKRouter")}});
   auto model = load("qwen3_moe_basic");
   ModelInputs in;
   in.input_ids = reference("qwen3_moe_basic", "input_ids");
   in.attention_mask = reference("qwen3_moe_basic", "attention_mask");
   in.position_ids = reference("qwen3_moe_basic", "position_ids");
   at::NoGradGuard no_grad;
-  CHECK(testutil::close("qwen3_moe with ReplayableQwen3MoeTopKRouter", model->forward(in).logits,
+  CHECK(testutil::close("qwen3_moe with ReplayableTopKRouter", model->forward(in).logits,
                         reference("qwen3_moe_basic", "logits"), in.attention_mask));
 }

@@ -114,11 +114,10 @@ int replay(const std::vector<std::string>& argv) {
   // Replay needs replayable routers: take the bundled plugin's unless --patch chose a router already.
   std::optional<ScopedPatchMapping> replayable;
   if (!args.has("patch")) {
-    PatchMapping::Items items;
-    for (const char* key : {"Qwen2MoeTopKRouter", "Qwen3MoeTopKRouter"}) {
-      if (auto cls = host->find_class(std::string("Replayable") + key)) items.emplace_back(key, *cls);
+    if (auto cls = host->find_class("ReplayableTopKRouter")) {
+      const PatchMapping::Items items{{PatchMapping::kind_key(block_kind::kRouter), *cls}};
+      replayable.emplace(items, /*overwrite=*/true, host->registries().patches());
     }
-    if (!items.empty()) replayable.emplace(items, /*overwrite=*/true, host->registries().patches());
   }
   const BuiltModel built = build_model(*host, args);
   require_moe(*built.model);

@@ -18,6 +18,8 @@
 #include "torchpatch/nn/quant.h"
 #include "torchpatch/runtime/auto.h"
 #include "torchpatch/patching/build.h"
+#include "torchpatch/patching/class_table.h"
+#include "torchpatch/patching/roles.h"
 #include "torchpatch/patching/scope.h"
 #include "torchpatch/printable.h"
 
@@ -155,53 +157,72 @@ std::shared_ptr<dist::ProcessGroup> process_group() {
 }
 
 namespace {
-// The bundled plugin's class for each parallel style a family's plan names (models/family.h).
+// The bundled plugin's class for each kind of block it splits (models/family.h's block_kind).
 const std::map<std::string, std::string>& parallel_classes() {
   static const std::map<std::string, std::string> classes{
-      {parallel_style::kAttention, "TensorParallelAttention"},
-      {parallel_style::kQkNormAttention, "TensorParallelQkNormAttention"},
-      {parallel_style::kFusedQkvAttention, "TensorParallelFusedQkvAttention"},
-      {parallel_style::kMlp, "TensorParallelMLP"},
-      {parallel_style::kFusedMlp, "TensorParallelFusedMLP"},
-      {parallel_style::kExperts, "ExpertParallelExperts"},
-      {parallel_style::kSparseBlock, "ExpertParallelBlock"}};
+      {block_kind::kAttention, "TensorParallelAttention"},
+      {block_kind::kQkNormAttention, "TensorParallelQkNormAttention"},
+      {block_kind::kFusedQkvAttention, "TensorParallelFusedQkvAttention"},
+      {block_kind::kMlp, "TensorParallelMLP"},
+      {block_kind::kFusedMlp, "TensorParallelFusedMLP"},
+      {block_kind::kExperts, "ExpertParallelExperts"},
+      {block_kind::kSparseBlock, "ExpertParallelBlock"}};
   return classes;
 }
 
 bool is_parallel_class(const std::string& name) {
-  for (const auto& [style, cls] : parallel_classes()) {
+  for (const auto& [kind, cls] : parallel_classes()) {
     if (cls == name) return true;
   }
   return false;
 }
 
-// "llama, mistral, ..." : the families whose plan splits something.
+// "llama, mistral, ..." : the families whose attention splits.
 std::string splitting_families(const FamilyRegistry& families) {
   std::vector<std::string> names;
   for (const auto& family : families.all()) {
-    if (!family->parallel_plan.empty()) names.push_back(family->model_type);
+    if (!family->decoder) continue;
+    if (parallel_classes().count(family->kind_of(family->decoder->attention))) names.push_back(family->model_type);
   }
   return fmt::format("{}", fmt::join(names, ", "));
+}
+
+// Under a group, a model whose attention did not become a split class would run whole on every rank
+// and sum its output N times: refused, naming the class and its family.
+void require_split_attention(const BuiltModel& built, const Registries& registries) {
+  const auto& families = registries.families();
+  if (std::none_of(built.plan.begin(), built.plan.end(),
+                   [](const PlanEntry& entry) { return is_parallel_class(entry.record.class_name); })) {
+    throw ConfigError(fmt::format("{}: nothing of it splits between processes (no patch point of it is a kind of "
+                                  "block the tensor-parallel plugin splits; the families that split: {})",
+                                  built.model->class_name(), splitting_families(families)));
+  }
+  for (const auto& entry : built.plan) {
+    const auto& record = entry.record;
+    if (!record.built() || is_parallel_class(record.class_name)) continue;
+    const auto builtin = registries.classes().find(record.key);
+    if (!builtin || builtin->role != roles::Attention::kRoleName) continue;
+    const auto& family = built.model->config().family;
+    throw ConfigError(fmt::format("{}: its attention {} ({}) does not split between processes ({}); the families "
+                                  "that split: {}; run it without --tp",
+                                  built.model->class_name(), record.key,
+                                  family ? "family " + family->model_type : "no family",
+                                  builtin->kind.empty() ? "it is no shared block the tensor-parallel plugin knows"
+                                                        : "the tensor-parallel plugin has no class for its kind '" +
+                                                              builtin->kind + "'",
+                                  splitting_families(families)));
+  }
 }
 }  // namespace
 
 std::optional<ScopedPatchMapping> parallel_patches(PluginHost& host) {
   if (!process_group()) return std::nullopt;
-  const auto find = [&](const std::string& style) {
-    const auto known = parallel_classes().find(style);
-    if (known == parallel_classes().end()) {
-      throw ConfigError(fmt::format("a family's parallel plan names style '{}', which the bundled plugin "
-                                    "'tensor-parallel' does not have",
-                                    printable(style)));
-    }
-    auto found = host.find_class(known->second);
-    if (!found) throw UsageError("running as a group of processes needs the bundled plugin 'tensor-parallel'");
-    return *found;
-  };
-  // Every family's plan, key by key: the families say what splits, the plugin how.
+  // By kind: the families say what each patch point is, the plugin how each kind splits.
   PatchMapping::Items items;
-  for (const auto& family : host.registries().families().all()) {
-    for (const auto& [cls, style] : family->parallel_plan) items.emplace_back(cls, find(style));
+  for (const auto& [kind, name] : parallel_classes()) {
+    auto found = host.find_class(name);
+    if (!found) throw UsageError("running as a group of processes needs the bundled plugin 'tensor-parallel'");
+    items.emplace_back(PatchMapping::kind_key(kind), *found);
   }
   return std::optional<ScopedPatchMapping>(std::in_place, items, false, host.registries().patches());
 }
@@ -218,12 +239,7 @@ BuiltModel build_model(PluginHost& host, const Args& args) {
   }
   const auto patches = parallel_patches(host);
   auto built = load_model(source, LoadModelOptions{pretrained_options(args, host), args.flag("strict")});
-  if (group && std::none_of(built.plan.begin(), built.plan.end(),
-                            [](const PlanEntry& entry) { return is_parallel_class(entry.record.class_name); })) {
-    throw ConfigError(fmt::format("{}: nothing of it splits between processes (its family declares no parallel plan; "
-                                  "the families that split: {})",
-                                  built.model->class_name(), splitting_families(host.registries().families())));
-  }
+  if (group) require_split_attention(built, host.registries());
   return built;
 }
 

@@ -16,12 +16,12 @@ std::vector<int64_t> qkv_sizes(const torchpatch::Config& config) {
   return torchpatch::FusedQkvAttention::split_sizes(config.as<ModelConfig>().decoder);
 }
 
-// The shared fused block (models/blocks.h), under its own name, with the replaced class's biases.
+// The shared fused block (models/blocks.h), under its own name, with the options of the family's
+// attention (its biases; Gemma2's query scale and soft cap).
 class FusedQKVAttention : public torchpatch::FusedQkvAttention {
  public:
   explicit FusedQKVAttention(const BuildContext& ctx)
-      : torchpatch::FusedQkvAttention(torchpatch::model_config(ctx).decoder, torchpatch::model_config(ctx).decoder.qkv_bias,
-                                      torchpatch::model_config(ctx).decoder.o_bias) {}
+      : torchpatch::FusedQkvAttention(torchpatch::family_attention_options(torchpatch::model_config(ctx))) {}
 };
 
 torchpatch::checkpoint::ConversionRules fused_qkv_rules(const torchpatch::Config& config) {
@@ -37,7 +37,9 @@ torchpatch::checkpoint::ConversionRules fused_qkv_rules(const torchpatch::Config
 }
 
 void register_plugin(torchpatch::Registrar& registrar) {
-  registrar.add_replacement<FusedQKVAttention>("FusedQKVAttention", {"LlamaAttention", "MistralAttention", "Qwen2Attention", "GemmaAttention"});
+  // Every family's plain grouped-query attention (the `attention` kind), whatever it is called.
+  registrar.add_replacement<FusedQKVAttention>("FusedQKVAttention",
+                                               {torchpatch::PatchMapping::kind_key(torchpatch::block_kind::kAttention)});
   registrar.add_conversion("FusedQKVAttention", fused_qkv_rules);
 }
 

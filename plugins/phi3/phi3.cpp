@@ -25,7 +25,7 @@ const DecoderSpec& spec() {
 class Phi3Attention : public FusedQkvAttention {
  public:
   explicit Phi3Attention(const BuildContext& ctx)
-      : FusedQkvAttention(model_config(ctx).decoder, /*qkv_bias=*/false, /*o_bias=*/false) {}
+      : FusedQkvAttention(attention_options(model_config(ctx).decoder)) {}
 };
 
 class Phi3MLP : public roles::Mlp {
@@ -116,7 +116,9 @@ Family phi3_family() {
   auto family = decoder_family<Phi3Attention, Phi3MLP, Phi3RMSNorm, Phi3DecoderLayer, Phi3Model, Phi3ForCausalLM>(
       "phi3", spec(), traits);
   family.parse_config = [traits](const nlohmann::json& j, const std::string& source) { return parse_phi3(j, source, traits); };
-  family.parallel_plan["Phi3MLP"] = parallel_style::kFusedMlp;  // one gate_up_proj, split by column halves
+  for (auto& point : family.patch_points) {
+    if (point.name == "Phi3MLP") point.kind = block_kind::kFusedMlp;  // one gate_up_proj, split by column halves
+  }
   auto tiny = tiny_decoder_preset("phi3", "Phi3ForCausalLM");
   tiny["original_max_position_embeddings"] = 256;
   family.presets = {{"tiny-phi3", tiny}};

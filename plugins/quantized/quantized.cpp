@@ -305,9 +305,8 @@ torchpatch::PatchMapping::Items ggml_patches(const nlohmann::json& config) {
   main_excludes.insert(main_excludes.end(), other_paths.begin(), other_paths.end());
   torchpatch::PatchMapping::Items items{{"Linear", torchpatch::with_paths(of_format(format, false), {}, main_excludes)}};
   if (other) items.emplace_back("^Linear$", torchpatch::with_paths(of_format(*other, false), other_paths, keep));
-  for (const char* experts : {"Qwen2MoeExperts", "Qwen3MoeExperts"}) {
-    items.emplace_back(experts, torchpatch::with_paths(of_format(format, true), {}, keep));
-  }
+  items.emplace_back(torchpatch::PatchMapping::kind_key(torchpatch::block_kind::kExperts),
+                     torchpatch::with_paths(of_format(format, true), {}, keep));
   return items;
 }
 

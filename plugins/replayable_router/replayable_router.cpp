@@ -1,4 +1,5 @@
-// replayable-router: the Qwen MoE top-k routers, able to replay recorded routes. While routes are
+// replayable-router: the softmax top-k router of every MoE family (the `router` kind: Qwen2-MoE,
+// Qwen3-MoE, Mixtral, OLMoE, ...), able to replay recorded routes. While routes are
 // forced (torchpatch::ReplayMoeRouting), the router returns them as its choice and recomputes their
 // weights from its live logits, so a training pass routes exactly as the recorded one did and the
 // router still gets gradients.
@@ -6,17 +7,18 @@
 #include <fmt/format.h>
 
 #include "torchpatch/error.h"
-#include "torchpatch/models/qwen2_moe.h"
-#include "torchpatch/models/qwen3_moe.h"
+#include "torchpatch/models/blocks.h"
+#include "torchpatch/nn/moe.h"
 #include "torchpatch/moe/routing.h"
 #include "torchpatch/plugin_api.h"
 
 namespace {
 
-template <class Router>
-class Replayable : public Router, public torchpatch::ReplayableRouter {
+class ReplayableTopKRouter : public torchpatch::nn::TopKRouter, public torchpatch::ReplayableRouter {
  public:
-  using Router::Router;
+  using Router = torchpatch::nn::TopKRouter;
+  explicit ReplayableTopKRouter(const torchpatch::BuildContext& ctx)
+      : TopKRouter(torchpatch::router_options(torchpatch::model_config(ctx).decoder)) {}
 
   void force_routes(const at::Tensor& indices) override { forced_ = indices; }
 
@@ -35,12 +37,10 @@ class Replayable : public Router, public torchpatch::ReplayableRouter {
   at::Tensor forced_;
 };
 
-using ReplayableQwen2MoeTopKRouter = Replayable<torchpatch::qwen2_moe::Qwen2MoeTopKRouter>;
-using ReplayableQwen3MoeTopKRouter = Replayable<torchpatch::qwen3_moe::Qwen3MoeTopKRouter>;
 
 void register_plugin(torchpatch::Registrar& registrar) {
-  registrar.add_replacement<ReplayableQwen2MoeTopKRouter>("ReplayableQwen2MoeTopKRouter", {"Qwen2MoeTopKRouter"});
-  registrar.add_replacement<ReplayableQwen3MoeTopKRouter>("ReplayableQwen3MoeTopKRouter", {"Qwen3MoeTopKRouter"});
+  registrar.add_replacement<ReplayableTopKRouter>(
+      "ReplayableTopKRouter", {torchpatch::PatchMapping::kind_key(torchpatch::block_kind::kRouter)});
 }
 
 }  // namespace

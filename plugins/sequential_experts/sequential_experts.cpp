@@ -45,7 +45,8 @@ class SequentialExperts : public torchpatch::roles::Experts {
 };
 
 void register_plugin(torchpatch::Registrar& registrar) {
-  registrar.add_replacement<SequentialExperts>("SequentialExperts", {"Qwen2MoeExperts", "Qwen3MoeExperts"});
+  registrar.add_replacement<SequentialExperts>("SequentialExperts",
+                                              {torchpatch::PatchMapping::kind_key(torchpatch::block_kind::kExperts)});
   registrar.add_replacement<SequentialExperts>("ModuleListExperts", {});
   // No rules of its own: the hub's experts.{e}.*_proj.weight load as they are.
   for (const char* cls : {"SequentialExperts", "ModuleListExperts"}) {

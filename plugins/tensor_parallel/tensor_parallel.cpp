@@ -121,10 +121,7 @@ std::pair<int64_t, int64_t> local_head_counts(const BuildContext& ctx, int64_t h
 
 // The family's attention options (Gemma2 gives its query scale and soft cap) with rank r's share of the heads.
 torchpatch::nn::GqaOptions local_heads(const BuildContext& ctx, const std::shared_ptr<ProcessGroup>& group) {
-  const auto& config = torchpatch::model_config(ctx);
-  const auto& family = config.family;
-  auto options = family && family->attention_options ? family->attention_options(config)
-                                                     : torchpatch::attention_options(config.decoder);
+  auto options = torchpatch::family_attention_options(torchpatch::model_config(ctx));
   std::tie(options.num_heads, options.num_key_value_heads) =
       local_head_counts(ctx, options.num_heads, options.num_key_value_heads, world_of(group));
   return options;
@@ -167,15 +164,7 @@ class TensorParallelQkNormAttention : public ReducedAttention<torchpatch::nn::Qk
 class TensorParallelFusedQkvAttention : public ReducedAttention<torchpatch::FusedQkvAttention> {
  public:
   explicit TensorParallelFusedQkvAttention(const BuildContext& ctx)
-      : ReducedAttention(local_decoder(ctx), /*qkv_bias=*/false, /*o_bias=*/false) {}
-
- private:
-  static torchpatch::DecoderConfig local_decoder(const BuildContext& ctx) {
-    auto d = torchpatch::model_config(ctx).decoder;
-    std::tie(d.num_attention_heads, d.num_key_value_heads) = local_head_counts(
-        ctx, d.num_attention_heads, d.num_key_value_heads, world_of(torchpatch::dist::active_group()));
-    return d;
-  }
+      : ReducedAttention(local_heads(ctx, torchpatch::dist::active_group())) {}
 };
 
 // -- MLP ------------------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 #include "torchpatch/models/blocks.h"
 
+#include "torchpatch/models/family.h"
+
 #include <cmath>
 
 #include <ATen/ATen.h>
@@ -27,6 +29,11 @@ nn::GqaOptions attention_options(const DecoderConfig& d) {
   return o;
 }
 
+nn::GqaOptions family_attention_options(const ModelConfig& config) {
+  const auto& family = config.family;
+  return family && family->attention_options ? family->attention_options(config) : attention_options(config.decoder);
+}
+
 nn::MlpOptions mlp_options(const BuildContext& ctx) {
   const auto& d = model_config(ctx).decoder;
   return {d.hidden_size, ctx.arg("intermediate_size", d.intermediate_size), d.mlp_bias, d.activation};
@@ -46,11 +53,12 @@ std::vector<int64_t> FusedQkvAttention::split_sizes(const DecoderConfig& d) {
   return {d.num_attention_heads * d.head_dim, d.num_key_value_heads * d.head_dim, d.num_key_value_heads * d.head_dim};
 }
 
-FusedQkvAttention::FusedQkvAttention(const DecoderConfig& d, bool qkv_bias, bool o_bias)
-    : sizes_(split_sizes(d)),
-      shape_{d.num_attention_heads, d.num_key_value_heads, d.head_dim, 1.0 / std::sqrt(static_cast<double>(d.head_dim))} {
-  qkv_proj = register_module("qkv_proj", nn::make_linear("qkv_proj", d.hidden_size, sizes_[0] + sizes_[1] + sizes_[2], qkv_bias));
-  o_proj = register_module("o_proj", nn::make_linear("o_proj", sizes_[0], d.hidden_size, o_bias));
+FusedQkvAttention::FusedQkvAttention(const nn::GqaOptions& o)
+    : sizes_{o.num_heads * o.head_dim, o.num_key_value_heads * o.head_dim, o.num_key_value_heads * o.head_dim},
+      shape_{o.num_heads, o.num_key_value_heads, o.head_dim,
+             o.scaling > 0 ? o.scaling : 1.0 / std::sqrt(static_cast<double>(o.head_dim)), o.softcap} {
+  qkv_proj = register_module("qkv_proj", nn::make_linear("qkv_proj", o.hidden_size, sizes_[0] + sizes_[1] + sizes_[2], o.qkv_bias));
+  o_proj = register_module("o_proj", nn::make_linear("o_proj", sizes_[0], o.hidden_size, o.o_bias));
 }
 
 at::Tensor FusedQkvAttention::forward_impl(const at::Tensor& hidden, const AttentionInputs& inputs) {

@@ -8,6 +8,13 @@
 
 namespace torchpatch {
 
+std::string Family::kind_of(const std::string& cls) const {
+  for (const auto& point : patch_points) {
+    if (point.name == cls) return point.kind;
+  }
+  return {};
+}
+
 void FamilyRegistry::add(Family family) {
   if (family.model_type.empty() || !family.parse_config || family.model_classes.empty()) {
     throw Error(fmt::format("family '{}' from {}: needs a model_type, a config parser and at least one model class",

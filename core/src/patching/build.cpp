@@ -108,8 +108,11 @@ std::shared_ptr<PatchableModule> build_module(const std::string& key, const char
   const ModuleClass* cls = nullptr;
   std::string rule = "builtin";
   auto* scope = active_patch_scope();
+  const auto& table = scope ? *scope->tables.classes : builtin_class_table();
+  std::optional<ModuleClass> builtin = table.find(key);
+  const std::string kind = builtin ? builtin->kind : std::string();
   if (scope) {
-    if (auto match = scope->mapping.find(key, ctx.path)) {
+    if (auto match = scope->mapping.find(key, ctx.path, kind)) {
       cls = &match->entry->cls;
       rule = match->rule();
       if (cls->role != role) {
@@ -124,9 +127,7 @@ std::shared_ptr<PatchableModule> build_module(const std::string& key, const char
       scope->hits[static_cast<std::size_t>(match->entry - scope->mapping.entries().data())]++;
     }
   }
-  std::optional<ModuleClass> builtin;
   if (!cls) {
-    builtin = (scope ? *scope->tables.classes : builtin_class_table()).find(key);
     if (!builtin) {
       throw PatchError(fmt::format("patch point '{}' at {}: no built-in class and no replacement", key,
                                    ctx.path));
@@ -143,7 +144,7 @@ std::shared_ptr<PatchableModule> build_module(const std::string& key, const char
                                  cls->name));
   }
   PatchRecord record{key, cls->name, rule, cls->origin, ctx.path};
-  if (scope) record.passed_over = scope->mapping.passed_over(key, ctx.path);
+  if (scope) record.passed_over = scope->mapping.passed_over(key, ctx.path, kind);
   module->set_patch_record(std::move(record));
   return module;
 }

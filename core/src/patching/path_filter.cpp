@@ -68,4 +68,9 @@ ModuleClass with_paths(ModuleClass cls, std::vector<std::string> include, std::v
   return cls;
 }
 
+ModuleClass with_kind(ModuleClass cls, std::string kind) {
+  cls.kind = std::move(kind);
+  return cls;
+}
+
 }  // namespace torchpatch

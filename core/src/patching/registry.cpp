@@ -60,7 +60,13 @@ void validate_entry(const std::string& key, const ModuleClass& cls, const ClassT
 }  // namespace
 
 std::string PatchMapping::Match::rule() const {
-  return exact ? "exact key" : "pattern '" + entry->key + "'";
+  return exact ? "exact key" : fmt::format("{} '{}'", by_kind ? "kind key" : "pattern", entry->key);
+}
+
+bool PatchMapping::is_kind_key(const std::string& key) {
+  if (key.size() < 3 || key.front() != '{' || key.back() != '}') return false;
+  return std::all_of(key.begin() + 1, key.end() - 1,
+                     [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_'; });
 }
 
 PatchMapping::PatchMapping() = default;
@@ -81,13 +87,20 @@ const ModuleClass* PatchMapping::get(const std::string& key) const {
   return nullptr;
 }
 
-std::optional<PatchMapping::Match> PatchMapping::find(const std::string& class_name, const std::string& path) const {
+std::optional<PatchMapping::Match> PatchMapping::find(const std::string& class_name, const std::string& path,
+                                                     const std::string& kind) const {
   const auto applies = [&](const Entry& entry) { return path.empty() || entry.cls.paths.admits(path); };
   for (const auto& entry : entries_) {
     if (entry.key == class_name && applies(entry)) return Match{&entry, true};
   }
+  if (!kind.empty()) {
+    const auto key = kind_key(kind);
+    for (const auto& entry : entries_) {
+      if (entry.key == key && applies(entry)) return Match{&entry, false, true};
+    }
+  }
   for (std::size_t i = 0; i < entries_.size(); ++i) {
-    if (entries_[i].key == class_name || !applies(entries_[i])) continue;
+    if (!patterns_[i] || entries_[i].key == class_name || !applies(entries_[i])) continue;
     try {
       if (boost::regex_search(class_name, patterns_[i]->regex)) return Match{&entries_[i], false};
     } catch (const std::runtime_error&) {  // Boost gives up on a pattern that backtracks without end
@@ -102,12 +115,14 @@ std::optional<PatchMapping::Match> PatchMapping::find(const std::string& class_n
   return std::nullopt;
 }
 
-std::string PatchMapping::passed_over(const std::string& class_name, const std::string& path) const {
+std::string PatchMapping::passed_over(const std::string& class_name, const std::string& path,
+                                      const std::string& kind) const {
   std::vector<std::string> reasons;
   for (std::size_t i = 0; i < entries_.size(); ++i) {
     const auto& entry = entries_[i];
     if (entry.cls.paths.admits(path)) continue;
-    const bool matches = entry.key == class_name || boost::regex_search(class_name, patterns_[i]->regex);
+    const bool matches = entry.key == class_name || (!kind.empty() && entry.key == kind_key(kind)) ||
+                         (patterns_[i] && boost::regex_search(class_name, patterns_[i]->regex));
     if (matches) reasons.push_back(fmt::format("rule '{}' ({}) {}", entry.key, entry.cls.name, entry.cls.paths.why_not(path)));
   }
   return fmt::format("{}", fmt::join(reasons, "; "));
@@ -121,7 +136,7 @@ void PatchMapping::insert(const Items& items, bool overwrite, const ClassTable* 
     const std::string& key = item.first;  // not a structured binding: the lambda below captures it
     const ModuleClass& cls = item.second;
     validate_entry(key, cls, classes);
-    auto compiled = compile_pattern(key);
+    auto compiled = is_kind_key(key) ? nullptr : compile_pattern(key);
     auto it = std::find_if(entries.begin(), entries.end(), [&](const Entry& e) { return e.key == key; });
     if (it != entries.end()) {
       if (!overwrite) {

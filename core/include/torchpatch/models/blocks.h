@@ -24,6 +24,9 @@ TORCHPATCH_API const ModelConfig& model_config(const BuildContext& ctx);
 
 // Options of the nn blocks, read from a decoder config.
 TORCHPATCH_API nn::GqaOptions attention_options(const DecoderConfig& config);
+/// The options of `config`'s family's grouped-query attention (Family::attention_options: Gemma2's
+/// query scale and soft cap), or the shared ones: what a replacement of that attention starts from.
+TORCHPATCH_API nn::GqaOptions family_attention_options(const ModelConfig& config);
 /// ctx.args "intermediate_size" overrides the width (a MoE block's shared expert).
 TORCHPATCH_API nn::MlpOptions mlp_options(const BuildContext& ctx);
 TORCHPATCH_API nn::RouterOptions router_options(const DecoderConfig& config);
@@ -47,7 +50,8 @@ class TORCHPATCH_API PreNormDecoderLayer : public roles::DecoderLayer {
 /// layout, and the FusedQKVAttention replacement's. One matmul instead of three.
 class TORCHPATCH_API FusedQkvAttention : public roles::Attention {
  public:
-  FusedQkvAttention(const DecoderConfig& config, bool qkv_bias, bool o_bias);
+  /// q/k/v biases from options.qkv_bias (on qkv_proj), o_proj's from options.o_bias.
+  explicit FusedQkvAttention(const nn::GqaOptions& options);
 
   std::shared_ptr<roles::Linear> qkv_proj, o_proj;
 

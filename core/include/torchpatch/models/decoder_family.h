@@ -33,6 +33,15 @@ inline void add_model_classes(Family& family, const DecoderSpec& spec) {
   for (const auto& model : {spec.causal_lm, spec.base_model}) family.recorders[model]["attentions"] = {spec.attention, 1, ""};
 }
 
+/// The block_kind of an attention class, from the shared block it derives from ("" for another).
+template <class Attention>
+constexpr const char* attention_kind() {
+  if constexpr (std::is_base_of_v<nn::QkNormAttention, Attention>) return block_kind::kQkNormAttention;
+  else if constexpr (std::is_base_of_v<nn::GqaAttention, Attention>) return block_kind::kAttention;
+  else if constexpr (std::is_base_of_v<FusedQkvAttention, Attention>) return block_kind::kFusedQkvAttention;
+  else return "";
+}
+
 /// A decoder family on the shared blocks: `Attention`, `Mlp`, `Norm`, `Layer`, `Base` and `CausalLM`
 /// are its classes (each constructible from a BuildContext), registered under `spec`'s keys.
 template <class Attention, class Mlp, class Norm, class Layer, class Base, class CausalLM>
@@ -43,20 +52,13 @@ Family decoder_family(std::string model_type, const DecoderSpec& spec, DecoderTr
     return parse_decoder_config(j, source, traits);
   };
   add_model_classes(family, spec);
-  family.patch_points = {module_class<Attention>(spec.attention), module_class<Mlp>(spec.mlp),
-                         module_class<Norm>(spec.norm),           module_class<Layer>(spec.decoder_layer),
-                         module_class<Base>(spec.base_model),     module_class<CausalLM>(spec.causal_lm)};
+  family.patch_points = {with_kind(module_class<Attention>(spec.attention), attention_kind<Attention>()),
+                         with_kind(module_class<Mlp>(spec.mlp), std::is_base_of_v<nn::GatedMlp, Mlp> ? block_kind::kMlp : ""),
+                         module_class<Norm>(spec.norm),
+                         module_class<Layer>(spec.decoder_layer),
+                         module_class<Base>(spec.base_model),
+                         module_class<CausalLM>(spec.causal_lm)};
   family.decoder = spec;
-  // The parallel plan follows from the blocks the classes are made of; a family on other blocks
-  // declares its own entries (or none: it does not split).
-  if constexpr (std::is_base_of_v<nn::QkNormAttention, Attention>) {
-    family.parallel_plan[spec.attention] = parallel_style::kQkNormAttention;
-  } else if constexpr (std::is_base_of_v<nn::GqaAttention, Attention>) {
-    family.parallel_plan[spec.attention] = parallel_style::kAttention;
-  } else if constexpr (std::is_base_of_v<FusedQkvAttention, Attention>) {
-    family.parallel_plan[spec.attention] = parallel_style::kFusedQkvAttention;
-  }
-  if constexpr (std::is_base_of_v<nn::GatedMlp, Mlp>) family.parallel_plan[spec.mlp] = parallel_style::kMlp;
   return family;
 }
 
@@ -64,11 +66,11 @@ Family decoder_family(std::string model_type, const DecoderSpec& spec, DecoderTr
 /// fused into stacked [E, ...] parameters) and their recorders.
 template <class Block, class Router, class Experts>
 void add_moe_parts(Family& family, const DecoderSpec& spec) {
-  family.patch_points.push_back(module_class<Block>(spec.sparse_block));
-  family.patch_points.push_back(module_class<Router>(spec.router));
-  family.patch_points.push_back(module_class<Experts>(spec.experts));
-  family.parallel_plan[spec.experts] = parallel_style::kExperts;
-  family.parallel_plan[spec.sparse_block] = parallel_style::kSparseBlock;
+  family.patch_points.push_back(with_kind(module_class<Block>(spec.sparse_block), block_kind::kSparseBlock));
+  family.patch_points.push_back(
+      with_kind(module_class<Router>(spec.router), std::is_base_of_v<nn::TopKRouter, Router> ? block_kind::kRouter : ""));
+  family.patch_points.push_back(
+      with_kind(module_class<Experts>(spec.experts), std::is_base_of_v<nn::FusedExperts, Experts> ? block_kind::kExperts : ""));
   family.conversions = [](const Config&) {
     using namespace checkpoint;
     return ConversionRules{

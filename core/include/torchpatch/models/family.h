@@ -32,17 +32,19 @@ namespace torchpatch {
 /// Builds a whole model of one class from its config (the patches in force apply).
 using ModelFactory = std::function<std::shared_ptr<PretrainedModel>(const ModelConfig&)>;
 
-/// How a patch point splits between processes: the styles of a family's parallel plan. A parallel
-/// plugin (the bundled `tensor-parallel`) has one class per style.
-namespace parallel_style {
+/// The kinds of shared block a family's patch points are (ModuleClass::kind): what a plugin offers a
+/// replacement for, as a `{kind}` key, without naming any family, and how `--tp` splits a family
+/// (Hugging Face's `tp_plan`: the bundled `tensor-parallel` plugin has one class per kind it splits).
+namespace block_kind {
 inline constexpr const char* kAttention = "attention";                   ///< grouped heads: q/k/v by head, o by input
 inline constexpr const char* kQkNormAttention = "qk_norm_attention";     ///< the same, with per-head q/k RMSNorm
 inline constexpr const char* kFusedQkvAttention = "fused_qkv_attention"; ///< one qkv_proj (Phi-3)
 inline constexpr const char* kMlp = "mlp";                               ///< gate/up by column, down by row
 inline constexpr const char* kFusedMlp = "fused_mlp";                    ///< one gate_up_proj (Phi-3)
-inline constexpr const char* kExperts = "experts";                       ///< expert parallel: E / N experts a rank
+inline constexpr const char* kExperts = "experts";                       ///< nn::FusedExperts; expert parallel
 inline constexpr const char* kSparseBlock = "sparse_block";              ///< routed and shared experts, one reduction
-}  // namespace parallel_style
+inline constexpr const char* kRouter = "router";                         ///< nn::TopKRouter (softmax top-k); runs whole
+}  // namespace block_kind
 
 struct TORCHPATCH_API Family {
   std::string model_type;  ///< e.g. "llama"
@@ -52,8 +54,13 @@ struct TORCHPATCH_API Family {
   std::map<std::string, ModelFactory> model_classes;
   /// Built when config.json's `architectures` names no class of the family.
   std::string default_class;
-  /// Built-in classes of the family's patch points (its model classes included), by key.
+  /// Built-in classes of the family's patch points (its model classes included), by key, each with
+  /// its block_kind where it is one of the shared blocks (decoder_family sets them from the classes'
+  /// bases). The kinds are the family's plan for `--tp` and what `{kind}` keys replace; a family whose
+  /// attention has no kind does not split (`--tp` refuses it, naming it).
   std::vector<ModuleClass> patch_points;
+  /// The kind of patch point `cls`, "" when it has none (or is not the family's).
+  std::string kind_of(const std::string& cls) const;
   /// Default weight conversions for this model_type (none when empty).
   checkpoint::ConversionFactory conversions;
   /// Output recorders by model class, then by output name (e.g. "router_logits").
@@ -63,10 +70,6 @@ struct TORCHPATCH_API Family {
   /// A decoder family's classes (none for BERT): what a replacement of a whole block builds its
   /// parts from.
   std::optional<DecoderSpec> decoder;
-  /// How the family splits between processes, as Hugging Face's `tp_plan`: patch-point class ->
-  /// parallel_style. Classes without an entry run whole on every rank; a family without a plan does
-  /// not split (`--tp` refuses it, naming it).
-  std::map<std::string, std::string> parallel_plan;
   /// The options of the family's grouped-query attention (null: the shared attention_options of the
   /// decoder config): what a replacement of its attention (a split one) starts from. Gemma2 adds its
   /// query scale and soft cap.

@@ -110,6 +110,10 @@ struct TORCHPATCH_API ModuleClass {
   std::string role;  ///< role name, e.g. "Attention" (see roles.h)
   Factory factory;
   Origin origin;
+  /// A built-in patch point's kind of shared block ("experts", "router", "attention", ...; the
+  /// vocabulary is models/family.h's block_kind), "" for none. A mapping key written `{kind}` selects
+  /// every patch point of that kind, whatever its family calls it.
+  std::string kind = {};
   /// In a patch mapping: the module paths the entry applies to; elsewhere the patch point falls back
   /// to the next matching entry, then to the built-in class.
   PathFilter paths = {};
@@ -118,6 +122,9 @@ struct TORCHPATCH_API ModuleClass {
 /// `cls` limited to the module paths `include` admits and `exclude` does not.
 TORCHPATCH_API ModuleClass with_paths(ModuleClass cls, std::vector<std::string> include,
                                       std::vector<std::string> exclude = {});
+
+/// `cls` as a patch point of kind `kind`.
+TORCHPATCH_API ModuleClass with_kind(ModuleClass cls, std::string kind);
 
 /// Makes the ModuleClass of an implementation type `Impl` that derives from a role and is
 /// constructible from a BuildContext.

@@ -32,7 +32,8 @@ class TORCHPATCH_API PatchMapping {
   struct Match {
     const Entry* entry = nullptr;
     bool exact = false;
-    /// "exact key" or "pattern 'KEY'".
+    bool by_kind = false;  ///< matched as a `{kind}` key
+    /// "exact key", "kind key '{KIND}'" or "pattern 'KEY'".
     std::string rule() const;
   };
   using Items = std::vector<std::pair<std::string, ModuleClass>>;
@@ -55,14 +56,22 @@ class TORCHPATCH_API PatchMapping {
   /// The class registered under exactly `key`, or nullptr.
   const ModuleClass* get(const std::string& key) const;
 
-  /// The replacement for `class_name`: an exact key first, then the first-registered pattern that
-  /// `regex_search`es it (a pattern equal to the name is skipped, as in Python). With a module
-  /// `path`, entries whose PathFilter does not admit it are passed over.
-  std::optional<Match> find(const std::string& class_name, const std::string& path = {}) const;
+  /// The replacement for `class_name`: an exact key first, then a kind key `{KIND}` naming the patch
+  /// point's `kind` (ModuleClass::kind), then the first-registered pattern that `regex_search`es it
+  /// (a pattern equal to the name is skipped, as in Python). With a module `path`, entries whose
+  /// PathFilter does not admit it are passed over.
+  std::optional<Match> find(const std::string& class_name, const std::string& path = {},
+                            const std::string& kind = {}) const;
 
   /// Why entries matching `class_name` were passed over at module `path` by their PathFilter, e.g.
   /// "rule 'Linear' excludes lm_head ('lm_head')"; "" when none was.
-  std::string passed_over(const std::string& class_name, const std::string& path) const;
+  std::string passed_over(const std::string& class_name, const std::string& path, const std::string& kind = {}) const;
+
+  /// Whether `key` is a kind key: `{` lower-case letters, digits and '_' `}`, e.g. "{experts}". Kind
+  /// keys are not regular expressions; they match the patch points of that kind in every family.
+  static bool is_kind_key(const std::string& key);
+  /// The kind key of `kind`: "{experts}".
+  static std::string kind_key(const std::string& kind) { return "{" + kind + "}"; }
 
   /// Adds or replaces entries, all or nothing (see PatchRegistry::register_patch_mapping).
   void insert(const Items& items, bool overwrite, const ClassTable* classes = nullptr);
