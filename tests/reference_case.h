@@ -56,6 +56,31 @@ inline void check_forward(PretrainedModel& model, const Case& c) {
   }
 }
 
+// MoE: the padded batch's router outputs per sparse layer (the family's built-in recorders):
+// router_logits, routing_weights (atol 1e-5) and selected_experts exactly, at real tokens.
+inline void check_routing(PretrainedModel& model, const Case& c, int64_t sparse_layers) {
+  at::NoGradGuard no_grad;
+  ModelInputs in;
+  in.input_ids = c.get("input_ids");
+  in.attention_mask = c.get("attention_mask");
+  in.position_ids = c.get("position_ids");
+  in.outputs = {"router_logits", "routing_weights", "selected_experts"};
+  const auto out = model.forward(in);
+  const auto real = in.attention_mask.reshape({-1});
+  const auto padding = real.to(at::kBool).logical_not().unsqueeze(-1);
+  for (const auto& name : in.outputs) REQUIRE(static_cast<int64_t>(out.captured.at(name).size()) == sparse_layers);
+  for (int64_t layer = 0; layer < sparse_layers; ++layer) {
+    const auto suffix = "_layer" + std::to_string(layer);
+    CHECK(testutil::close(c.name + " router_logits" + suffix, out.captured.at("router_logits")[layer],
+                          c.get("router_logits" + suffix), real));
+    CHECK(testutil::close(c.name + " routing_weights" + suffix, out.captured.at("routing_weights")[layer],
+                          c.get("routing_weights" + suffix), real, 1e-5, 1e-4));
+    INFO(c.name << " selected_experts" << suffix);
+    CHECK(at::equal(out.captured.at("selected_experts")[layer].masked_fill(padding, -1),
+                    c.get("selected_experts" + suffix).masked_fill(padding, -1)));
+  }
+}
+
 // Greedy, 8 new tokens, never stopping early: what the reference cases ran.
 inline GenerationConfig reference_greedy() {
   GenerationConfig config;

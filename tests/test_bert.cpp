@@ -143,7 +143,7 @@ TEST_CASE("The .*Attention trap: a self-attention replacement hitting BertAttent
     ModuleClass decoder_attention = module_class<llama::LlamaAttention>("LlamaAttention");
     ScopedPatchMapping patch({{".*Attention", decoder_attention}});
     CHECK_THROWS_WITH(from_pretrained(case_dir()),
-                      Contains("of role Attention; use a narrower pattern such as '^(Gemma2Attention|GemmaAttention|LlamaAttention|MistralAttention|"
+                      Contains("of role Attention; use a narrower pattern such as '^(Gemma2Attention|GemmaAttention|LlamaAttention|MistralAttention|MixtralAttention|"
                                "Qwen2Attention|Qwen2MoeAttention|Qwen3Attention|Qwen3MoeAttention)$'"));
   }
   // The suggested pattern works, and changes nothing numerically.

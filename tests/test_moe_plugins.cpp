@@ -52,15 +52,25 @@ void check_saves_hub_layout(const PretrainedModel& model, const std::string& cas
 }  // namespace
 
 TEST_CASE("SequentialExperts loads the per-expert hub layout and matches the reference", "[moe][plugins]") {
-  for (const auto& [case_name, key] : {std::pair<std::string, std::string>{"qwen2_moe_basic", "Qwen2MoeExperts"},
-                                       {"qwen3_moe_basic", "Qwen3MoeExperts"}}) {
-    ScopedPatchMapping patch({{key, bundled_class("SequentialExperts")}});
+  // Under the kind key {experts}: every family's experts, whatever the family calls them and its hub
+  // names their projections (Mixtral: block_sparse_moe.experts.N.w1/w3/w2).
+  for (const auto& [case_name, block] : {std::pair<std::string, std::string>{"qwen2_moe_basic", "mlp"},
+                                         {"qwen3_moe_basic", "mlp"},
+                                         {"mixtral_basic_v5", "block_sparse_moe"}}) {
+    INFO(case_name);
+    ScopedPatchMapping patch({{"{experts}", bundled_class("SequentialExperts")}});
     checkpoint::LoadReport report;
     auto model = from_pretrained(testutil::data_dir() / case_name, {}, &report);
     CHECK(report.clean());
     const auto params = model->named_parameters();
-    CHECK(params.contains("model.layers.0.mlp.experts.7.down_proj.weight"));
-    CHECK_FALSE(params.contains("model.layers.0.mlp.experts.gate_up_proj"));
+    CHECK(params.contains("model.layers.0." + block + ".experts.7.down_proj.weight"));
+    CHECK_FALSE(params.contains("model.layers.0." + block + ".experts.gate_up_proj"));
+    const auto points = model->patch_points();
+    const auto experts = std::find_if(points.begin(), points.end(), [&](const PatchPoint& p) {
+      return p.path == "model.layers.0." + block + ".experts";
+    });
+    REQUIRE(experts != points.end());
+    CHECK(experts->module->patch_record().rule == "kind key '{experts}'");
     at::NoGradGuard no_grad;
     ModelInputs in;
     in.input_ids = reference(case_name, "input_ids");

@@ -129,7 +129,7 @@ TEST_CASE("quantized on load, every projection of llama_basic holds llama.cpp's 
 
 TEST_CASE("quantized decoder families stay close to the float reference", "[quant][reference]") {
   for (const char* name : {"llama_basic", "mistral_sliding_window", "gemma_basic", "phi3_fused", "qwen2_moe_basic",
-                           "qwen3_moe_basic", "qwen3_dense_v5"}) {
+                           "qwen3_moe_basic", "qwen3_dense_v5", "mixtral_basic_v5"}) {
     const auto ref = reference(name);
     const auto mask = ref->find("attention_mask") ? ref->tensor("attention_mask") : at::Tensor();
     for (const std::string format : {"q8_0", "q4_0"}) {
@@ -148,21 +148,22 @@ TEST_CASE("quantized decoder families stay close to the float reference", "[quan
 }
 
 TEST_CASE("MoE experts are quantized per expert, not left in float", "[quant][moe]") {
-  for (const auto& [name, key] : {std::pair<std::string, std::string>{"qwen2_moe_basic", "Qwen2MoeExperts"},
-                                  {"qwen3_moe_basic", "Qwen3MoeExperts"}}) {
+  for (const auto& [name, block] : {std::pair<std::string, std::string>{"qwen2_moe_basic", "mlp"},
+                                    {"qwen3_moe_basic", "mlp"},
+                                    {"mixtral_basic_v5", "block_sparse_moe"}}) {
     const auto model = load_case(name, quantized("q4_0"));
     const auto float_model = load_case(name);
     const auto points = points_by_path(*model);
-    const auto& experts = points.at("model.layers.0.mlp.experts");
+    const auto& experts = points.at("model.layers.0." + block + ".experts");
     CHECK(experts->patch_record().class_name == "Q4_0Experts");
     for (const char* weight : {"gate_up_proj", "down_proj"}) {
-      const std::string key = std::string("model.layers.0.mlp.experts.") + weight;
+      const std::string key = "model.layers.0." + block + ".experts." + weight;
       INFO(name << " " << key);
       CHECK(at::equal(gguf_blocks(*model, key, QuantFormat::kQ4_0),
                       nn::quantize(QuantFormat::kQ4_0, parameter(*float_model, key), key)));
     }
     // Routers stay in float, as llama.cpp keeps them.
-    CHECK(parameter(*model, "model.layers.0.mlp.gate.weight").scalar_type() == at::kFloat);
+    CHECK(parameter(*model, "model.layers.0." + block + ".gate.weight").scalar_type() == at::kFloat);
     if (name == "qwen2_moe_basic") {
       const auto& gate = points.at("model.layers.0.mlp.shared_expert_gate");
       CHECK(gate->patch_record().class_name == "Linear");
@@ -172,7 +173,7 @@ TEST_CASE("MoE experts are quantized per expert, not left in float", "[quant][mo
 }
 
 TEST_CASE("a quantized model saves as blocks and loads back bit for bit", "[quant][checkpoint]") {
-  for (const std::string name : {"llama_basic", "qwen2_moe_basic"}) {
+  for (const std::string name : {"llama_basic", "qwen2_moe_basic", "mixtral_basic_v5"}) {
     const auto model = load_case(name, quantized("q4_0"));
     testutil::ScratchDir dir("quantized-save-" + name);
     checkpoint::save_pretrained(*model, dir.path);

@@ -73,7 +73,7 @@ MatmulRates matmul_rates(int repeats) {
 // The share of a parameter one token uses: top_k / num_experts for routed experts, else all of it.
 double active_share(const PretrainedModel& model, const std::string& name) {
   const auto& moe = model.config().decoder.moe;
-  const bool routed = name.find(".mlp.experts.") != std::string::npos;
+  const bool routed = name.find(".experts.") != std::string::npos;
   return routed && moe.num_experts > 0
              ? static_cast<double>(moe.num_experts_per_tok) / static_cast<double>(moe.num_experts)
              : 1.0;
@@ -180,7 +180,7 @@ void measure_variants(PluginHost& host, BuiltModel& built, const Args& args, con
                       const std::vector<std::string>& forwarded, const BenchRun& run, std::vector<Measurement>& results) {
   const auto fused = host.find_class("FusedQKVAttention");
   const auto key = key_of(*built.model, "self_attn");
-  const auto experts_key = key_of(*built.model, "mlp.experts");
+  const auto experts_key = key_of(*built.model, ".experts");
   // In a group the parallel classes hold the attention, MLP and experts keys: the variants that replace
   // them would measure a model that is not split.
   const bool in_group = process_group() != nullptr;

@@ -234,12 +234,15 @@ class QuantizedExperts : public torchpatch::roles::Experts {
 // The hub's per-expert weights, stacked and quantized (the family's fusing rules, then Quantize);
 // tensors already fused under the module's own names ([E, ...], float or blocks) are quantized and
 // laid out too. Saving takes the first rule that matches a parameter: per expert.
-checkpoint::ConversionRules experts_rules(QuantFormat format) {
+// The family's per-expert hub weights (its experts layout: gate_proj/up_proj/down_proj, Mixtral's
+// w1/w3/w2) or the fused ones, quantized as they load.
+checkpoint::ConversionRules experts_rules(QuantFormat format, const torchpatch::ExpertsLayout& layout) {
   using namespace checkpoint;
-  return {WeightConverter{{"*.gate_proj.weight", "*.up_proj.weight"},
+  const auto expert = [](const std::string& proj) { return "*." + proj + ".weight"; };
+  return {WeightConverter{{expert(layout.gate), expert(layout.up)},
                           {"gate_up_proj"},
                           {MergeModulelist(0), Concatenate(1), quantize_op(format), repack_op(format)}},
-          WeightConverter{{"*.down_proj.weight"}, {"down_proj"}, {MergeModulelist(0), quantize_op(format), repack_op(format)}},
+          WeightConverter{{expert(layout.down)}, {"down_proj"}, {MergeModulelist(0), quantize_op(format), repack_op(format)}},
           WeightConverter{{"gate_up_proj"}, {"gate_up_proj"}, {quantize_op(format), repack_op(format)}},
           WeightConverter{{"down_proj"}, {"down_proj"}, {quantize_op(format), repack_op(format)}}};
 }
@@ -316,7 +319,9 @@ void register_plugin(torchpatch::Registrar& registrar) {
     registrar.add_replacement(linear, {});
     registrar.add_replacement(experts, {});
     registrar.add_conversion(linear.name, [format](const torchpatch::Config&) { return linear_rules(format); });
-    registrar.add_conversion(experts.name, [format](const torchpatch::Config&) { return experts_rules(format); });
+    registrar.add_conversion(experts.name, [format](const torchpatch::Config& config) {
+      return experts_rules(format, torchpatch::experts_layout(config.as<torchpatch::ModelConfig>()));
+    });
   }
   registrar.add_quantization_method({kMethod, ggml_patches, {}});
 }

@@ -48,9 +48,18 @@ void register_plugin(torchpatch::Registrar& registrar) {
   registrar.add_replacement<SequentialExperts>("SequentialExperts",
                                               {torchpatch::PatchMapping::kind_key(torchpatch::block_kind::kExperts)});
   registrar.add_replacement<SequentialExperts>("ModuleListExperts", {});
-  // No rules of its own: the hub's experts.{e}.*_proj.weight load as they are.
+  // The hub's experts.{e}.*.weight load as they are, renamed where the family names its projections
+  // otherwise (Mixtral's w1/w3/w2 are gate/up/down).
   for (const char* cls : {"SequentialExperts", "ModuleListExperts"}) {
-    registrar.add_conversion(cls, [](const torchpatch::Config&) { return torchpatch::checkpoint::ConversionRules{}; });
+    registrar.add_conversion(cls, [](const torchpatch::Config& config) {
+      const auto& layout = torchpatch::experts_layout(config.as<torchpatch::ModelConfig>());
+      torchpatch::checkpoint::ConversionRules rules;
+      const torchpatch::ExpertsLayout ours;
+      for (const auto& [hub, own] : {std::pair{layout.gate, ours.gate}, {layout.up, ours.up}, {layout.down, ours.down}}) {
+        if (hub != own) rules.push_back(torchpatch::checkpoint::WeightRenaming{"." + hub + ".weight", "." + own + ".weight"});
+      }
+      return rules;
+    });
   }
 }
 

@@ -97,10 +97,13 @@ checkpoint::ConversionRules experts_rules(const torchpatch::Config& config) {
     ops.insert(ops.begin(), select.begin(), select.end());
     return ops;
   };
-  return {WeightConverter{{"*.gate_proj.weight", "*.up_proj.weight"},
+  // The family's per-expert hub names (its experts layout: Mixtral's w1/w3/w2).
+  const auto& layout = torchpatch::experts_layout(config.as<torchpatch::ModelConfig>());
+  const auto expert = [](const std::string& proj) { return "*." + proj + ".weight"; };
+  return {WeightConverter{{expert(layout.gate), expert(layout.up)},
                           {"gate_up_proj"},
                           with_select({MergeModulelist(0), Concatenate(1)})},
-          WeightConverter{{"*.down_proj.weight"}, {"down_proj"}, with_select({MergeModulelist(0)})}};
+          WeightConverter{{expert(layout.down)}, {"down_proj"}, with_select({MergeModulelist(0)})}};
 }
 
 // -- experts --------------------------------------------------------------------------------------------

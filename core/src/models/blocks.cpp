@@ -2,6 +2,10 @@
 
 #include "torchpatch/models/family.h"
 
+#include <fmt/format.h>
+
+#include "torchpatch/error.h"
+
 #include <cmath>
 
 #include <ATen/ATen.h>
@@ -32,6 +36,12 @@ nn::GqaOptions attention_options(const DecoderConfig& d) {
 nn::GqaOptions family_attention_options(const ModelConfig& config) {
   const auto& family = config.family;
   return family && family->attention_options ? family->attention_options(config) : attention_options(config.decoder);
+}
+
+const ExpertsLayout& experts_layout(const ModelConfig& config) {
+  static const ExpertsLayout qwen;
+  const auto& family = config.family;
+  return family && family->decoder ? family->decoder->experts_layout : qwen;
 }
 
 nn::MlpOptions mlp_options(const BuildContext& ctx) {
@@ -70,7 +80,13 @@ PreNormDecoderLayer::PreNormDecoderLayer(const BuildContext& ctx, const DecoderS
   const auto& d = model_config(ctx).decoder;
   self_attn = register_module("self_attn", build<roles::Attention>(spec.attention, ctx.child("self_attn")));
   const bool sparse = !spec.sparse_block.empty() && d.moe.is_sparse_layer(ctx.layer_idx);
-  mlp = register_module("mlp", build<roles::Mlp>(sparse ? spec.sparse_block : spec.mlp, ctx.child("mlp")));
+  if (!sparse && spec.mlp.empty()) {
+    throw ConfigError(fmt::format("{}: layer {} is dense, but {} has only sparse layers (num_experts {})",
+                                  spec.causal_lm, ctx.layer_idx, spec.causal_lm, d.moe.num_experts));
+  }
+  // Where the hub keeps it: "mlp", or the family's name for its sparse block (Mixtral: block_sparse_moe).
+  const std::string name = sparse ? spec.experts_layout.block : "mlp";
+  mlp = register_module(name, build<roles::Mlp>(sparse ? spec.sparse_block : spec.mlp, ctx.child(name)));
   input_layernorm = register_module("input_layernorm", build<roles::Norm>(spec.norm, ctx.child("input_layernorm")));
   post_attention_layernorm = register_module(
       "post_attention_layernorm", build<roles::Norm>(spec.norm, ctx.child("post_attention_layernorm")));

@@ -15,6 +15,9 @@
 
 namespace torchpatch {
 
+// Families in one file each, with nothing of their own to export.
+namespace mixtral { Family family(); }
+
 namespace {
 
 // nn::Linear as the "Linear" patch point, from the constructor arguments nn::make_linear passes.
@@ -37,7 +40,7 @@ ModuleClass linear_class() {
 void add_builtin_families(FamilyRegistry& families) {
   families.add_shared_patch_point(linear_class());
   for (auto family : {llama::family(), mistral::family(), qwen2::family(), qwen2_moe::family(), qwen3::family(),
-                      qwen3_moe::family(), gemma::family(), gemma2::family(), bert::family()}) {
+                      qwen3_moe::family(), gemma::family(), gemma2::family(), mixtral::family(), bert::family()}) {
     families.add(std::move(family));
   }
 }

@@ -156,16 +156,30 @@ void read_layer_types(const json& j, const FieldReader& f, const DecoderTraits& 
   }
 }
 
+// The number of experts under either spelling: the hub's `num_experts` (Qwen, OLMoE) or
+// `num_local_experts` (Mixtral; what transformers 5.x writes for a re-saved Qwen3-MoE, its attribute map).
+int64_t read_num_experts(const FieldReader& f, int64_t fallback, const std::string& source) {
+  const bool plain = f.has("num_experts"), local = f.has("num_local_experts");
+  if (plain && local && f.positive("num_experts", 0) != f.positive("num_local_experts", 0)) {
+    throw ConfigError(fmt::format("{}: num_experts {} and num_local_experts {} disagree (they are two spellings of one "
+                                  "field); keep one",
+                                  source, f.positive("num_experts", 0), f.positive("num_local_experts", 0)));
+  }
+  return plain ? f.positive("num_experts", fallback) : f.positive("num_local_experts", fallback);
+}
+
 MoeConfig read_moe(const json& j, const FieldReader& f, const MoeConfig& defaults, const DecoderConfig& d,
-                   const std::string& source) {
+                   const std::string& source, const std::string& width_field) {
   MoeConfig moe;
-  moe.num_experts = f.positive("num_experts", defaults.num_experts);
+  moe.num_experts = read_num_experts(f, defaults.num_experts, source);
   moe.num_experts_per_tok = f.positive("num_experts_per_tok", defaults.num_experts_per_tok);
   if (moe.num_experts_per_tok > moe.num_experts) {
     throw ConfigError(fmt::format("{}: num_experts_per_tok {} is more than num_experts {}", source,
                                   moe.num_experts_per_tok, moe.num_experts));
   }
-  moe.moe_intermediate_size = f.positive("moe_intermediate_size", defaults.moe_intermediate_size);
+  moe.moe_intermediate_size = f.positive(width_field.c_str(), width_field == "intermediate_size"
+                                                                   ? d.intermediate_size
+                                                                   : defaults.moe_intermediate_size);
   moe.shared_expert_intermediate_size =
       defaults.shared_expert_intermediate_size > 0
           ? f.positive("shared_expert_intermediate_size", defaults.shared_expert_intermediate_size)
@@ -275,7 +289,7 @@ ModelConfig parse_decoder_config(const json& j, const std::string& source, const
   d.eos_token_ids = read_token_ids(j, "eos_token_id", source);
   read_layer_types(j, f, family, d, source);
   d.qk_norm = defaults.qk_norm;
-  if (family.moe) d.moe = read_moe(j, f, defaults.moe, d, source);
+  if (family.moe) d.moe = read_moe(j, f, defaults.moe, d, source, family.expert_width_field);
   d.rope = read_rope(j, source);
   if (d.rope.partial_rotary_factor <= 0 || d.rope.partial_rotary_factor > 1) {
     throw ConfigError(fmt::format("{}: partial_rotary_factor must be in (0, 1], got {}", source,

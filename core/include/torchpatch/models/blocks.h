@@ -27,6 +27,8 @@ TORCHPATCH_API nn::GqaOptions attention_options(const DecoderConfig& config);
 /// The options of `config`'s family's grouped-query attention (Family::attention_options: Gemma2's
 /// query scale and soft cap), or the shared ones: what a replacement of that attention starts from.
 TORCHPATCH_API nn::GqaOptions family_attention_options(const ModelConfig& config);
+/// Where `config`'s family keeps its experts in hub checkpoints (Qwen's names when it says nothing).
+TORCHPATCH_API const ExpertsLayout& experts_layout(const ModelConfig& config);
 /// ctx.args "intermediate_size" overrides the width (a MoE block's shared expert).
 TORCHPATCH_API nn::MlpOptions mlp_options(const BuildContext& ctx);
 TORCHPATCH_API nn::RouterOptions router_options(const DecoderConfig& config);

@@ -176,6 +176,8 @@ struct TORCHPATCH_API DecoderTraits {
   bool fixed_head_dim = false;
   /// The config field naming the MLP activation ("hidden_act"; Gemma: "hidden_activation").
   std::string activation_field = "hidden_act";
+  /// The config field giving each expert's width ("moe_intermediate_size"; Mixtral: "intermediate_size").
+  std::string expert_width_field = "moe_intermediate_size";
 };
 
 /// The shared fields of `json`, read as `traits` say (a family's parser starts here).

@@ -53,17 +53,30 @@ Family decoder_family(std::string model_type, const DecoderSpec& spec, DecoderTr
   };
   add_model_classes(family, spec);
   family.patch_points = {with_kind(module_class<Attention>(spec.attention), attention_kind<Attention>()),
-                         with_kind(module_class<Mlp>(spec.mlp), std::is_base_of_v<nn::GatedMlp, Mlp> ? block_kind::kMlp : ""),
-                         module_class<Norm>(spec.norm),
-                         module_class<Layer>(spec.decoder_layer),
-                         module_class<Base>(spec.base_model),
-                         module_class<CausalLM>(spec.causal_lm)};
+                         module_class<Norm>(spec.norm), module_class<Layer>(spec.decoder_layer),
+                         module_class<Base>(spec.base_model), module_class<CausalLM>(spec.causal_lm)};
+  // Mlp is void for a family whose every layer is sparse (Mixtral): it has no dense MLP class.
+  if constexpr (!std::is_void_v<Mlp>) {
+    family.patch_points.push_back(
+        with_kind(module_class<Mlp>(spec.mlp), std::is_base_of_v<nn::GatedMlp, Mlp> ? block_kind::kMlp : ""));
+  }
   family.decoder = spec;
   return family;
 }
 
-/// Adds a MoE family's sparse block, router and experts, their conversions (per-expert hub weights
-/// fused into stacked [E, ...] parameters) and their recorders.
+/// The conversion of a MoE family's experts: the per-expert hub weights (named as `layout` says) fused
+/// into nn::FusedExperts' stacked [E, ...] parameters, and back on save.
+inline checkpoint::ConversionRules experts_conversion(const ExpertsLayout& layout) {
+  using namespace checkpoint;
+  const auto expert = [&](const std::string& proj) { return layout.block + ".experts.*." + proj + ".weight"; };
+  return {WeightConverter{{expert(layout.gate), expert(layout.up)},
+                          {layout.block + ".experts.gate_up_proj"},
+                          {MergeModulelist(0), Concatenate(1)}},
+          WeightConverter{{expert(layout.down)}, {layout.block + ".experts.down_proj"}, {MergeModulelist(0)}}};
+}
+
+/// Adds a MoE family's sparse block, router and experts, their conversions (experts_conversion of the
+/// spec's layout) and their recorders.
 template <class Block, class Router, class Experts>
 void add_moe_parts(Family& family, const DecoderSpec& spec) {
   family.patch_points.push_back(with_kind(module_class<Block>(spec.sparse_block), block_kind::kSparseBlock));
@@ -71,14 +84,7 @@ void add_moe_parts(Family& family, const DecoderSpec& spec) {
       with_kind(module_class<Router>(spec.router), std::is_base_of_v<nn::TopKRouter, Router> ? block_kind::kRouter : ""));
   family.patch_points.push_back(
       with_kind(module_class<Experts>(spec.experts), std::is_base_of_v<nn::FusedExperts, Experts> ? block_kind::kExperts : ""));
-  family.conversions = [](const Config&) {
-    using namespace checkpoint;
-    return ConversionRules{
-        WeightConverter{{"mlp.experts.*.gate_proj.weight", "mlp.experts.*.up_proj.weight"},
-                        {"mlp.experts.gate_up_proj"},
-                        {MergeModulelist(0), Concatenate(1)}},
-        WeightConverter{{"mlp.experts.*.down_proj.weight"}, {"mlp.experts.down_proj"}, {MergeModulelist(0)}}};
-  };
+  family.conversions = [layout = spec.experts_layout](const Config&) { return experts_conversion(layout); };
   // Router logits (router output 0, as Hugging Face records them) and the routing itself: the weights
   // applied (output 1) and the experts chosen (output 2).
   for (const auto& model : {spec.causal_lm, spec.base_model}) {

@@ -8,6 +8,17 @@
 
 namespace torchpatch {
 
+/// Where a MoE family's experts sit in its hub checkpoints: the sparse block's module name and each
+/// expert's projections, `{block}.experts.{e}.{gate|up|down}.weight`. The model holds them fused as
+/// nn::FusedExperts' [E, ...] parameters; the family's conversion, SequentialExperts and the quantized
+/// experts read these names instead of assuming Qwen's.
+struct TORCHPATCH_API ExpertsLayout {
+  std::string block = "mlp";  ///< the sparse block's name in a layer ("block_sparse_moe": Mixtral)
+  std::string gate = "gate_proj";  ///< Mixtral: "w1"
+  std::string up = "up_proj";      ///< Mixtral: "w3"
+  std::string down = "down_proj";  ///< Mixtral: "w2"
+};
+
 /// A decoder family's class names: its patch-point keys and its model classes.
 struct TORCHPATCH_API DecoderSpec {
   std::string attention;      ///< e.g. "LlamaAttention"
@@ -21,6 +32,7 @@ struct TORCHPATCH_API DecoderSpec {
   std::string router = {};         ///< e.g. "Qwen2MoeTopKRouter"
   std::string experts = {};        ///< e.g. "Qwen2MoeExperts"
   std::string shared_expert = {};  ///< e.g. "Qwen2MoeMLP"; "" = none (Qwen3-MoE)
+  ExpertsLayout experts_layout = {};
 };
 
 }  // namespace torchpatch
