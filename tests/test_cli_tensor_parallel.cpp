@@ -88,9 +88,26 @@ void check_generation(const std::string& name, int world) {
 
 TEST_CASE("two ranks match the reference on every decoder case, MoE expert choices and generated ids exactly", "[cli][dist]") {
   for (const char* name : {"llama_basic", "mistral_sliding_window", "gemma_basic", "phi3_fused", "qwen2_moe_basic",
-                           "qwen3_moe_basic", "qwen3_dense_v5", "mixtral_basic_v5"}) {
+                           "qwen3_moe_basic", "qwen3_dense_v5", "mixtral_basic_v5", "smollm3_nope_v5",
+                           "granite_basic_v5"}) {
     check_case(name, 2);
     check_generation(name, 2);
+  }
+}
+
+TEST_CASE("--tp refuses a family whose attention does not split by head, naming it and why", "[cli][dist]") {
+  // OLMo 2 and OLMoE normalise q and k over the whole projection: every head's norm needs all heads.
+  for (const auto& [name, attention] : {std::pair<std::string, std::string>{"olmo2_basic_v5", "Olmo2Attention"},
+                                        {"olmoe_basic_v5", "OlmoeAttention"}}) {
+    const auto ranks = run_cli_group(2, "run --model " + (testutil::data_dir() / name).string() + " --prompt-ids 1,2,3");
+    for (const auto& rank : ranks) {
+      INFO(rank.out);
+      CHECK(rank.code == 1);
+      CHECK_THAT(rank.out, Contains("its attention " + attention + " (family " + name.substr(0, name.find('_')) +
+                                    ") does not split between processes (the tensor-parallel plugin has no class "
+                                    "for its kind 'projection_qk_norm_attention')"));
+      CHECK_THAT(rank.out, Contains("run it without --tp"));
+    }
   }
 }
 

@@ -38,22 +38,61 @@ TEST_CASE("mixtral_basic_v5: forward, routing, generation, cli and save match th
   reference::check_cli(c);
 }
 
-TEST_CASE("mixtral_basic_v5: routing record and replay through the family's router kind", "[mixtral][cli][moe]") {
-  const Case c("mixtral_basic_v5");
-  const auto routes = testutil::temp_file("mixtral-routes.npy");
-  auto r = testutil::torchpatch_cli("routing record --model " + c.dir.string() +
-                                    " --prompt-ids 5,6,7,8 --max-new-tokens 4 --out " + routes.string());
-  INFO(r.out);
-  REQUIRE(r.code == 0);
-  const auto array = torchpatch::load_npy(routes);
-  CHECK(array.sizes() == at::IntArrayRef({7, 2, 2}));  // 4 prompt + 3 fed-back tokens, 2 layers, top-2
-  const auto tokens_line = r.out.substr(r.out.find("tokens: ") + 8);
-  r = testutil::torchpatch_cli("routing replay --model " + c.dir.string() + " --routes " + routes.string() +
-                               " --ids " + tokens_line.substr(0, tokens_line.find('\n')) + " --json");
-  INFO(r.out);
-  REQUIRE(r.code == 0);
-  const auto j = nlohmann::json::parse(r.out);
-  CHECK(j["loss"].get<double>() > 0);
-  CHECK(j["router_grad_norm"].get<double>() > 0);
-  std::filesystem::remove(routes);
+TEST_CASE("MoE families record and replay routes through their router kind", "[mixtral][olmoe][cli][moe]") {
+  for (const char* name : {"mixtral_basic_v5", "olmoe_basic_v5"}) {
+    const Case c(name);
+    const auto routes = testutil::temp_file(c.name + "-routes.npy");
+    auto r = testutil::torchpatch_cli("routing record --model " + c.dir.string() +
+                                      " --prompt-ids 5,6,7,8 --max-new-tokens 4 --out " + routes.string());
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    const auto array = torchpatch::load_npy(routes);
+    CHECK(array.sizes() == at::IntArrayRef({7, 2, 2}));  // 4 prompt + 3 fed-back tokens, 2 layers, top-2
+    const auto tokens_line = r.out.substr(r.out.find("tokens: ") + 8);
+    r = testutil::torchpatch_cli("routing replay --model " + c.dir.string() + " --routes " + routes.string() +
+                                 " --ids " + tokens_line.substr(0, tokens_line.find('\n')) + " --json");
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    CHECK(j["loss"].get<double>() > 0);
+    CHECK(j["router_grad_norm"].get<double>() > 0);
+    std::filesystem::remove(routes);
+  }
+}
+
+TEST_CASE("smollm3_nope_v5: forward, generation, cli and save match the reference", "[smollm3][reference]") {
+  const Case c("smollm3_nope_v5");
+  const auto model = load(c, "SmolLM3ForCausalLM");
+  reference::check_forward(*model, c);
+  reference::check_generation(*model, c);
+  reference::check_saves_checkpoint_bit_exactly(*model, c);
+  reference::check_cli(c);
+}
+
+TEST_CASE("granite_basic_v5: forward, generation, cli and save match the reference", "[granite][reference]") {
+  const Case c("granite_basic_v5");
+  const auto model = load(c, "GraniteForCausalLM");
+  reference::check_forward(*model, c);
+  reference::check_generation(*model, c);
+  reference::check_saves_checkpoint_bit_exactly(*model, c);
+  reference::check_cli(c);
+}
+
+TEST_CASE("olmo2_basic_v5: forward, generation, cli and save match the reference", "[olmo2][reference]") {
+  const Case c("olmo2_basic_v5");
+  const auto model = load(c, "Olmo2ForCausalLM");
+  reference::check_forward(*model, c);
+  reference::check_generation(*model, c);
+  reference::check_saves_checkpoint_bit_exactly(*model, c);
+  reference::check_cli(c);
+}
+
+TEST_CASE("olmoe_basic_v5: forward, routing, generation, cli and save match the reference", "[olmoe][reference]") {
+  const Case c("olmoe_basic_v5");
+  const auto model = load(c, "OlmoeForCausalLM");
+  reference::check_forward(*model, c);
+  reference::check_routing(*model, c, 2);
+  reference::check_generation(*model, c);
+  reference::check_saves_checkpoint_bit_exactly(*model, c);
+  reference::check_cli(c);
 }

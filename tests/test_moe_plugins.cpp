@@ -56,7 +56,8 @@ TEST_CASE("SequentialExperts loads the per-expert hub layout and matches the ref
   // names their projections (Mixtral: block_sparse_moe.experts.N.w1/w3/w2).
   for (const auto& [case_name, block] : {std::pair<std::string, std::string>{"qwen2_moe_basic", "mlp"},
                                          {"qwen3_moe_basic", "mlp"},
-                                         {"mixtral_basic_v5", "block_sparse_moe"}}) {
+                                         {"mixtral_basic_v5", "block_sparse_moe"},
+                                         {"olmoe_basic_v5", "mlp"}}) {
     INFO(case_name);
     ScopedPatchMapping patch({{"{experts}", bundled_class("SequentialExperts")}});
     checkpoint::LoadReport report;

@@ -17,6 +17,10 @@ namespace torchpatch {
 
 // Families in one file each, with nothing of their own to export.
 namespace mixtral { Family family(); }
+namespace smollm3 { Family family(); }
+namespace granite { Family family(); }
+namespace olmo2 { Family family(); }
+namespace olmoe { Family family(); }
 
 namespace {
 
@@ -40,7 +44,8 @@ ModuleClass linear_class() {
 void add_builtin_families(FamilyRegistry& families) {
   families.add_shared_patch_point(linear_class());
   for (auto family : {llama::family(), mistral::family(), qwen2::family(), qwen2_moe::family(), qwen3::family(),
-                      qwen3_moe::family(), gemma::family(), gemma2::family(), mixtral::family(), bert::family()}) {
+                      qwen3_moe::family(), gemma::family(), gemma2::family(), mixtral::family(), smollm3::family(),
+                      granite::family(), olmo2::family(), olmoe::family(), bert::family()}) {
     families.add(std::move(family));
   }
 }

@@ -50,18 +50,33 @@ at::Tensor GqaAttention::forward_impl(const at::Tensor& hidden, const AttentionI
                                                  inputs, shape()));
 }
 
-QkNormAttention::QkNormAttention(const GqaOptions& options, double norm_eps) : GqaAttention(options) {
-  q_norm = register_module("q_norm", std::make_shared<RmsNorm>(head_dim, norm_eps));
-  k_norm = register_module("k_norm", std::make_shared<RmsNorm>(head_dim, norm_eps));
+QkNormAttention::QkNormAttention(const GqaOptions& options, double norm_eps)
+    : QkNormAttention(options, QkNormOptions{norm_eps}) {}
+
+QkNormAttention::QkNormAttention(const GqaOptions& options, const QkNormOptions& norm)
+    : GqaAttention(options), norm_options(norm) {
+  const int64_t q_width = norm.per_head ? head_dim : num_heads * head_dim;
+  const int64_t k_width = norm.per_head ? head_dim : num_key_value_heads * head_dim;
+  q_norm = register_module("q_norm", std::make_shared<RmsNorm>(q_width, norm.eps, norm.unit_offset));
+  k_norm = register_module("k_norm", std::make_shared<RmsNorm>(k_width, norm.eps, norm.unit_offset));
 }
 
 at::Tensor QkNormAttention::forward_impl(const at::Tensor& hidden, const AttentionInputs& inputs) {
   const auto b = hidden.size(0), len = hidden.size(1);
-  // Normalise each head's vector: [B, Q, heads, hd] over hd.
-  auto q = q_norm->forward(q_proj->forward(hidden).view({b, len, num_heads, head_dim}));
-  auto k = k_norm->forward(k_proj->forward(hidden).view({b, len, num_key_value_heads, head_dim}));
-  return o_proj->forward(grouped_query_attention(q.reshape({b, len, -1}), k.reshape({b, len, -1}),
-                                                 v_proj->forward(hidden), inputs, shape()));
+  auto q = q_proj->forward(hidden), k = k_proj->forward(hidden), v = v_proj->forward(hidden);
+  if (const auto c = norm_options.clip_qkv) {
+    q = q.clamp(-*c, *c);
+    k = k.clamp(-*c, *c);
+    v = v.clamp(-*c, *c);
+  }
+  if (norm_options.per_head) {  // each head's vector: [B, Q, heads, hd] over hd
+    q = q_norm->forward(q.view({b, len, num_heads, head_dim})).reshape({b, len, -1});
+    k = k_norm->forward(k.view({b, len, num_key_value_heads, head_dim})).reshape({b, len, -1});
+  } else {
+    q = q_norm->forward(q);
+    k = k_norm->forward(k);
+  }
+  return o_proj->forward(grouped_query_attention(q, k, v, inputs, shape()));
 }
 
 at::Tensor grouped_query_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -70,8 +85,10 @@ at::Tensor grouped_query_attention(const at::Tensor& q, const at::Tensor& k, con
   auto query = q.view({b, len, shape.num_heads, shape.head_dim}).transpose(1, 2);  // [B, nH, Q, hd]
   auto key = k.view({b, len, shape.num_key_value_heads, shape.head_dim}).transpose(1, 2);
   auto value = v.view({b, len, shape.num_key_value_heads, shape.head_dim}).transpose(1, 2);
-  query = apply_rotary(query, inputs.cos, inputs.sin);
-  key = apply_rotary(key, inputs.cos, inputs.sin);
+  if (inputs.cos.defined()) {  // undefined: a layer without positions (SmolLM3's NoPE layers)
+    query = apply_rotary(query, inputs.cos, inputs.sin);
+    key = apply_rotary(key, inputs.cos, inputs.sin);
+  }
   if (inputs.cache) std::tie(key, value) = inputs.cache->update(key, value, inputs.layer_idx);  // [B, nKV, KV, hd]
   auto out = eager_attention(query, key, value, inputs.mask, shape.scaling, inputs.weights_out, true,
                              shape.softcap);  // [B, Q, nH, hd]

@@ -38,6 +38,9 @@ using ModelFactory = std::function<std::shared_ptr<PretrainedModel>(const ModelC
 namespace block_kind {
 inline constexpr const char* kAttention = "attention";                   ///< grouped heads: q/k/v by head, o by input
 inline constexpr const char* kQkNormAttention = "qk_norm_attention";     ///< the same, with per-head q/k RMSNorm
+/// q/k RMSNorm over each whole projection (OLMo 2, OLMoE): the norm spans every head, so it does not
+/// split by head (the tensor-parallel plugin has no class for it).
+inline constexpr const char* kProjectionQkNormAttention = "projection_qk_norm_attention";
 inline constexpr const char* kFusedQkvAttention = "fused_qkv_attention"; ///< one qkv_proj (Phi-3)
 inline constexpr const char* kMlp = "mlp";                               ///< gate/up by column, down by row
 inline constexpr const char* kFusedMlp = "fused_mlp";                    ///< one gate_up_proj (Phi-3)

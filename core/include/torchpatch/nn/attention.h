@@ -66,13 +66,27 @@ class TORCHPATCH_API GqaAttention : public roles::Attention {
   at::Tensor forward_impl(const at::Tensor& hidden, const AttentionInputs& inputs) override;
 };
 
-/// Grouped-query attention with a per-head RMSNorm on queries and keys before RoPE (Qwen3):
-/// q_norm.weight [hd], k_norm.weight [hd].
+/// How QkNormAttention normalises queries and keys.
+struct TORCHPATCH_API QkNormOptions {
+  double eps = 1e-6;
+  /// Each head's vector (Qwen3, Gemma 3: weights [hd]), or each whole projection, all heads together
+  /// (OLMo 2, OLMoE: q_norm [nH*hd], k_norm [nKV*hd]).
+  bool per_head = true;
+  /// Gemma's RMSNorm, `x * (1 + weight)` (Gemma 3).
+  bool unit_offset = false;
+  /// Clamp q, k and v to [-c, c] after their projections (OLMoE's `clip_qkv`); none when unset.
+  std::optional<double> clip_qkv{};
+};
+
+/// Grouped-query attention with an RMSNorm on queries and keys before RoPE, per head or over the whole
+/// projection (QkNormOptions).
 class TORCHPATCH_API QkNormAttention : public GqaAttention {
  public:
   QkNormAttention(const GqaOptions& options, double norm_eps);
+  QkNormAttention(const GqaOptions& options, const QkNormOptions& norm);
 
   std::shared_ptr<roles::Norm> q_norm, k_norm;
+  QkNormOptions norm_options;
 
  protected:
   at::Tensor forward_impl(const at::Tensor& hidden, const AttentionInputs& inputs) override;

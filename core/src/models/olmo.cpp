@@ -1,0 +1,207 @@
+// OLMo 2 and OLMoE: q/k RMSNorm over each whole projection (all heads together), before RoPE.
+// OLMo 2 puts its norms after attention and after the MLP instead of before them; OLMoE keeps
+// pre-norm layers and routes every layer's MLP through softmax top-k experts (no shared expert, each
+// expert intermediate_size wide, `clip_qkv` clamping the projections when set).
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "torchpatch/error.h"
+#include "torchpatch/models/decoder_family.h"
+#include "torchpatch/printable.h"
+#include "torchpatch/nn/rms_norm.h"
+
+namespace torchpatch {
+
+namespace {
+
+nn::QkNormOptions projection_norm(const ModelConfig& config) {
+  nn::QkNormOptions norm;
+  norm.eps = config.decoder.rms_norm_eps;
+  norm.per_head = false;
+  const auto clip = config.raw.find("clip_qkv");
+  if (clip != config.raw.end() && !clip->is_null()) {
+    if (!clip->is_number() || !(clip->get<double>() > 0)) {
+      throw ConfigError(fmt::format("config: clip_qkv must be a positive number or null, got {}", printable(clip->dump(), 50)));
+    }
+    norm.clip_qkv = clip->get<double>();
+  }
+  return norm;
+}
+
+// The norm spans every head, so neither family's attention splits by head.
+void mark_projection_norm(Family& family) {
+  for (auto& point : family.patch_points) {
+    if (point.name == family.decoder->attention) point.kind = block_kind::kProjectionQkNormAttention;
+  }
+}
+
+}  // namespace
+
+namespace olmo2 {
+
+namespace {
+
+const DecoderSpec& spec() {
+  static const DecoderSpec spec{"Olmo2Attention",    "Olmo2MLP",   "Olmo2RMSNorm",
+                                "Olmo2DecoderLayer", "Olmo2Model", "Olmo2ForCausalLM"};
+  return spec;
+}
+
+class Olmo2Attention : public nn::QkNormAttention {
+ public:
+  explicit Olmo2Attention(const BuildContext& ctx)
+      : QkNormAttention(attention_options(model_config(ctx).decoder), projection_norm(model_config(ctx))) {}
+};
+
+class Olmo2MLP : public nn::GatedMlp {
+ public:
+  explicit Olmo2MLP(const BuildContext& ctx) : GatedMlp(mlp_options(ctx)) {}
+};
+
+class Olmo2RMSNorm : public nn::RmsNorm {
+ public:
+  explicit Olmo2RMSNorm(const BuildContext& ctx)
+      : RmsNorm(model_config(ctx).decoder.hidden_size, model_config(ctx).decoder.rms_norm_eps) {}
+};
+
+// Norms on the blocks' outputs: post_attention_layernorm and post_feedforward_layernorm.
+class Olmo2DecoderLayer : public roles::DecoderLayer {
+ public:
+  explicit Olmo2DecoderLayer(const BuildContext& ctx) {
+    const auto& s = spec();
+    self_attn = register_module("self_attn", build<roles::Attention>(s.attention, ctx.child("self_attn")));
+    mlp = register_module("mlp", build<roles::Mlp>(s.mlp, ctx.child("mlp")));
+    post_attention_layernorm =
+        register_module("post_attention_layernorm", build<roles::Norm>(s.norm, ctx.child("post_attention_layernorm")));
+    post_feedforward_layernorm =
+        register_module("post_feedforward_layernorm", build<roles::Norm>(s.norm, ctx.child("post_feedforward_layernorm")));
+  }
+
+  std::shared_ptr<roles::Attention> self_attn;
+  std::shared_ptr<roles::Mlp> mlp;
+  std::shared_ptr<roles::Norm> post_attention_layernorm, post_feedforward_layernorm;
+
+ protected:
+  at::Tensor forward_impl(const at::Tensor& hidden, const AttentionInputs& inputs) override {
+    auto h = hidden + post_attention_layernorm->forward(self_attn->forward(hidden, inputs));
+    return h + post_feedforward_layernorm->forward(mlp->forward(h));
+  }
+};
+
+class Olmo2Model : public DecoderModel {
+ public:
+  explicit Olmo2Model(const BuildContext& ctx) : DecoderModel(ctx, spec()) {}
+};
+
+class Olmo2ForCausalLM : public DecoderForCausalLM {
+ public:
+  explicit Olmo2ForCausalLM(const BuildContext& ctx) : DecoderForCausalLM(ctx, spec()) {}
+};
+
+}  // namespace
+
+Family family() {
+  DecoderTraits traits;  // Olmo2Config defaults
+  auto& d = traits.defaults;
+  d.vocab_size = 50304;
+  d.hidden_size = 4096;
+  d.intermediate_size = 11008;
+  d.num_hidden_layers = 32;
+  d.num_attention_heads = 32;
+  d.num_key_value_heads = 0;  // None: as many as attention heads
+  d.max_position_embeddings = 2048;
+  d.rms_norm_eps = 1e-5;
+  auto family = decoder_family<Olmo2Attention, Olmo2MLP, Olmo2RMSNorm, Olmo2DecoderLayer, Olmo2Model,
+                               Olmo2ForCausalLM>("olmo2", spec(), traits);
+  mark_projection_norm(family);
+  family.presets = {{"tiny-olmo2", tiny_decoder_preset("olmo2", "Olmo2ForCausalLM")}};
+  return family;
+}
+
+}  // namespace olmo2
+
+namespace olmoe {
+
+namespace {
+
+const DecoderSpec& spec() {
+  static const DecoderSpec spec{"OlmoeAttention",      "",                "OlmoeRMSNorm",
+                                "OlmoeDecoderLayer",   "OlmoeModel",      "OlmoeForCausalLM",
+                                "OlmoeSparseMoeBlock", "OlmoeTopKRouter", "OlmoeExperts"};
+  return spec;
+}
+
+class OlmoeAttention : public nn::QkNormAttention {
+ public:
+  explicit OlmoeAttention(const BuildContext& ctx)
+      : QkNormAttention(attention_options(model_config(ctx).decoder), projection_norm(model_config(ctx))) {}
+};
+
+class OlmoeRMSNorm : public nn::RmsNorm {
+ public:
+  explicit OlmoeRMSNorm(const BuildContext& ctx)
+      : RmsNorm(model_config(ctx).decoder.hidden_size, model_config(ctx).decoder.rms_norm_eps) {}
+};
+
+class OlmoeTopKRouter : public nn::TopKRouter {
+ public:
+  explicit OlmoeTopKRouter(const BuildContext& ctx) : TopKRouter(router_options(model_config(ctx).decoder)) {}
+};
+
+class OlmoeExperts : public nn::FusedExperts {
+ public:
+  explicit OlmoeExperts(const BuildContext& ctx) : FusedExperts(experts_options(model_config(ctx).decoder)) {}
+};
+
+class OlmoeSparseMoeBlock : public SparseMoeBlock {
+ public:
+  explicit OlmoeSparseMoeBlock(const BuildContext& ctx) : SparseMoeBlock(ctx, spec()) {}
+};
+
+class OlmoeDecoderLayer : public PreNormDecoderLayer {
+ public:
+  explicit OlmoeDecoderLayer(const BuildContext& ctx) : PreNormDecoderLayer(ctx, spec()) {}
+};
+
+class OlmoeModel : public DecoderModel {
+ public:
+  explicit OlmoeModel(const BuildContext& ctx) : DecoderModel(ctx, spec()) {}
+};
+
+class OlmoeForCausalLM : public DecoderForCausalLM {
+ public:
+  explicit OlmoeForCausalLM(const BuildContext& ctx) : DecoderForCausalLM(ctx, spec()) {}
+};
+
+}  // namespace
+
+Family family() {
+  DecoderTraits traits;  // OlmoeConfig defaults
+  auto& d = traits.defaults;
+  d.vocab_size = 50304;
+  d.hidden_size = 2048;
+  d.intermediate_size = 2048;
+  d.num_hidden_layers = 16;
+  d.num_attention_heads = 16;
+  d.num_key_value_heads = 0;  // None: as many as attention heads
+  d.max_position_embeddings = 4096;
+  d.rms_norm_eps = 1e-5;
+  d.moe.num_experts = 64;
+  d.moe.num_experts_per_tok = 8;
+  d.moe.router_aux_loss_coef = 0.01;
+  traits.moe = true;
+  traits.expert_width_field = "intermediate_size";
+  auto family = decoder_family<OlmoeAttention, void, OlmoeRMSNorm, OlmoeDecoderLayer, OlmoeModel, OlmoeForCausalLM>(
+      "olmoe", spec(), traits);
+  add_moe_parts<OlmoeSparseMoeBlock, OlmoeTopKRouter, OlmoeExperts>(family, spec());
+  mark_projection_norm(family);
+  auto tiny = tiny_decoder_preset("olmoe", "OlmoeForCausalLM");
+  tiny.update({{"num_experts", 4}, {"num_experts_per_tok", 2}, {"num_key_value_heads", 4}});
+  family.presets = {{"tiny-olmoe", tiny}};
+  return family;
+}
+
+}  // namespace olmoe
+
+}  // namespace torchpatch
