@@ -89,7 +89,7 @@ void check_generation(const std::string& name, int world) {
 TEST_CASE("two ranks match the reference on every decoder case, MoE expert choices and generated ids exactly", "[cli][dist]") {
   for (const char* name : {"llama_basic", "mistral_sliding_window", "gemma_basic", "phi3_fused", "qwen2_moe_basic",
                            "qwen3_moe_basic", "qwen3_dense_v5", "mixtral_basic_v5", "smollm3_nope_v5",
-                           "granite_basic_v5"}) {
+                           "granite_basic_v5", "gemma3_text_v5"}) {
     check_case(name, 2);
     check_generation(name, 2);
   }

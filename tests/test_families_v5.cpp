@@ -96,3 +96,12 @@ TEST_CASE("olmoe_basic_v5: forward, routing, generation, cli and save match the 
   reference::check_saves_checkpoint_bit_exactly(*model, c);
   reference::check_cli(c);
 }
+
+TEST_CASE("gemma3_text_v5: forward, generation, cli and save match the reference", "[gemma3][reference]") {
+  const Case c("gemma3_text_v5");
+  const auto model = load(c, "Gemma3ForCausalLM");
+  reference::check_forward(*model, c);
+  reference::check_generation(*model, c);
+  reference::check_saves_checkpoint_bit_exactly(*model, c);
+  reference::check_cli(c);
+}

@@ -157,7 +157,7 @@ class TensorParallelQkNormAttention : public ReducedAttention<torchpatch::nn::Qk
  public:
   explicit TensorParallelQkNormAttention(const BuildContext& ctx)
       : ReducedAttention(local_heads(ctx, torchpatch::dist::active_group()),
-                         torchpatch::model_config(ctx).decoder.rms_norm_eps) {}
+                         torchpatch::family_qk_norm_options(torchpatch::model_config(ctx))) {}
 };
 
 /// Phi-3's attention (one fused qkv_proj) over this rank's heads.

@@ -38,6 +38,14 @@ nn::GqaOptions family_attention_options(const ModelConfig& config) {
   return family && family->attention_options ? family->attention_options(config) : attention_options(config.decoder);
 }
 
+nn::QkNormOptions family_qk_norm_options(const ModelConfig& config) {
+  const auto& family = config.family;
+  if (family && family->qk_norm_options) return family->qk_norm_options(config);
+  nn::QkNormOptions norm;
+  norm.eps = config.decoder.rms_norm_eps;
+  return norm;
+}
+
 const ExpertsLayout& experts_layout(const ModelConfig& config) {
   static const ExpertsLayout qwen;
   const auto& family = config.family;

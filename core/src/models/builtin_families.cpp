@@ -44,7 +44,7 @@ ModuleClass linear_class() {
 void add_builtin_families(FamilyRegistry& families) {
   families.add_shared_patch_point(linear_class());
   for (auto family : {llama::family(), mistral::family(), qwen2::family(), qwen2_moe::family(), qwen3::family(),
-                      qwen3_moe::family(), gemma::family(), gemma2::family(), mixtral::family(), smollm3::family(),
+                      qwen3_moe::family(), gemma::family(), gemma2::family(), gemma3::family(), mixtral::family(), smollm3::family(),
                       granite::family(), olmo2::family(), olmoe::family(), bert::family()}) {
     families.add(std::move(family));
   }

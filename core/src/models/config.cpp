@@ -106,6 +106,30 @@ std::optional<int64_t> read_window(const json& j, const FieldReader& f, std::opt
   return f.positive("sliding_window", 1);
 }
 
+// `layer_types` when the config lists it (false when it does not): one full or sliding entry a layer.
+bool read_layer_type_list(const json& j, const FieldReader& f, DecoderConfig& d, const std::string& source) {
+  if (!f.has("layer_types")) return false;
+  const auto& types = j.at("layer_types");
+  if (!types.is_array() || static_cast<int64_t>(types.size()) != d.num_hidden_layers) {
+    throw ConfigError(fmt::format("{}: field 'layer_types' must list {} entries (num_hidden_layers), got {}", source,
+                                  d.num_hidden_layers, printable(types.dump(), 200)));
+  }
+  for (size_t i = 0; i < types.size(); ++i) {
+    const auto& t = types[i];
+    if (t != kFullAttention && t != kSlidingAttention) {
+      throw ConfigError(fmt::format("{}: layer_types[{}] is {}; expected \"{}\" or \"{}\"", source, i,
+                                    printable(t.dump(), 100), kFullAttention, kSlidingAttention));
+    }
+    if (t == kSlidingAttention && !d.sliding_window) {
+      throw ConfigError(fmt::format("{}: layer_types[{}] is sliding_attention but the config has no sliding window "
+                                    "(set use_sliding_window and sliding_window)",
+                                    source, i));
+    }
+    d.layer_types[i] = t.get<std::string>();
+  }
+  return true;
+}
+
 // Which layers slide, per family (hf-semantics 5.2, 5.3).
 void read_layer_types(const json& j, const FieldReader& f, const DecoderTraits& family, DecoderConfig& d,
                       const std::string& source) {
@@ -126,30 +150,19 @@ void read_layer_types(const json& j, const FieldReader& f, const DecoderTraits& 
     if (d.sliding_window) d.layer_types.assign(d.num_hidden_layers, kSlidingAttention);
     return;
   }
-  // Qwen2: the window size is read (and checked) only when the window is on.
-  d.sliding_window.reset();
-  if (f.boolean("use_sliding_window", false)) d.sliding_window = read_window(j, f, family.defaults.sliding_window);
-  if (f.has("layer_types")) {
-    const auto& types = j.at("layer_types");
-    if (!types.is_array() || static_cast<int64_t>(types.size()) != d.num_hidden_layers) {
-      throw ConfigError(fmt::format("{}: field 'layer_types' must list {} entries (num_hidden_layers), got {}", source,
-                                    d.num_hidden_layers, types.dump()));
-    }
-    for (size_t i = 0; i < types.size(); ++i) {
-      const auto& t = types[i];
-      if (t != kFullAttention && t != kSlidingAttention) {
-        throw ConfigError(fmt::format("{}: layer_types[{}] is {}; expected \"{}\" or \"{}\"", source, i, t.dump(),
-                                      kFullAttention, kSlidingAttention));
-      }
-      if (t == kSlidingAttention && !d.sliding_window) {
-        throw ConfigError(fmt::format("{}: layer_types[{}] is sliding_attention but the config has no sliding window "
-                                      "(set use_sliding_window and sliding_window)",
-                                      source, i));
-      }
-      d.layer_types[i] = t.get<std::string>();
+  if (family.sliding == Sliding::kPattern) {
+    d.sliding_window = read_window(j, f, family.defaults.sliding_window);
+    if (read_layer_type_list(j, f, d, source)) return;
+    const int64_t pattern = f.positive("sliding_window_pattern", 6);
+    for (int64_t i = 0; d.sliding_window && i < d.num_hidden_layers; ++i) {
+      if ((i + 1) % pattern != 0) d.layer_types[i] = kSlidingAttention;
     }
     return;
   }
+  // Qwen2: the window size is read (and checked) only when the window is on.
+  d.sliding_window.reset();
+  if (f.boolean("use_sliding_window", false)) d.sliding_window = read_window(j, f, family.defaults.sliding_window);
+  if (read_layer_type_list(j, f, d, source)) return;
   const int64_t first_sliding = f.integer("max_window_layers", 28);
   for (int64_t i = 0; i < d.num_hidden_layers; ++i) {
     if (d.sliding_window && i >= first_sliding) d.layer_types[i] = kSlidingAttention;
@@ -166,6 +179,30 @@ int64_t read_num_experts(const FieldReader& f, int64_t fallback, const std::stri
                                   source, f.positive("num_experts", 0), f.positive("num_local_experts", 0)));
   }
   return plain ? f.positive("num_experts", fallback) : f.positive("num_local_experts", fallback);
+}
+
+// `rope`, and `sliding_rope` when v5's rope_parameters holds one entry per layer type (Gemma 3).
+void read_ropes(const json& j, const std::string& source, DecoderConfig& d) {
+  const auto params = j.find("rope_parameters");
+  const bool per_type = params != j.end() && params->is_object() && params->contains(kFullAttention);
+  if (!per_type) {
+    d.rope = read_rope(j, source);
+    return;
+  }
+  for (const auto& [key, value] : params->items()) {
+    if (key != kFullAttention && key != kSlidingAttention) {
+      throw ConfigError(fmt::format("{}: rope_parameters has an entry '{}'; per layer type it holds \"{}\" and \"{}\"",
+                                    source, printable(key, 100), kFullAttention, kSlidingAttention));
+    }
+  }
+  const auto of_type = [&](const char* type) {
+    json alone = j;
+    alone.erase("rope_scaling");
+    alone["rope_parameters"] = params->at(type);
+    return read_rope(alone, fmt::format("{} (rope_parameters.{})", source, type));
+  };
+  d.rope = of_type(kFullAttention);
+  if (params->contains(kSlidingAttention)) d.sliding_rope = of_type(kSlidingAttention);
 }
 
 MoeConfig read_moe(const json& j, const FieldReader& f, const MoeConfig& defaults, const DecoderConfig& d,
@@ -290,10 +327,12 @@ ModelConfig parse_decoder_config(const json& j, const std::string& source, const
   read_layer_types(j, f, family, d, source);
   d.qk_norm = defaults.qk_norm;
   if (family.moe) d.moe = read_moe(j, f, defaults.moe, d, source, family.expert_width_field);
-  d.rope = read_rope(j, source);
-  if (d.rope.partial_rotary_factor <= 0 || d.rope.partial_rotary_factor > 1) {
-    throw ConfigError(fmt::format("{}: partial_rotary_factor must be in (0, 1], got {}", source,
-                                  d.rope.partial_rotary_factor));
+  read_ropes(j, source, d);
+  for (const auto* rope : {&d.rope, d.sliding_rope ? &*d.sliding_rope : nullptr}) {
+    if (rope && (rope->partial_rotary_factor <= 0 || rope->partial_rotary_factor > 1)) {
+      throw ConfigError(fmt::format("{}: partial_rotary_factor must be in (0, 1], got {}", source,
+                                    rope->partial_rotary_factor));
+    }
   }
   return config;
 }

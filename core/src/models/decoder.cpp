@@ -76,6 +76,7 @@ DecoderModel::DecoderModel(const BuildContext& ctx, const DecoderSpec& spec)
     layer_list_.push_back(layer);
   }
   norm = register_module("norm", build<roles::Norm>(spec.norm, self.child("norm")));
+  if (d.sliding_rope) sliding_rotary_emb.emplace(nn::RopeOptions{*d.sliding_rope, d.head_dim, d.max_position_embeddings});
 }
 
 at::Tensor DecoderModel::embed(const at::Tensor& ids) { return embed_tokens->forward(ids); }
@@ -94,6 +95,9 @@ ModelOutput DecoderModel::forward_impl(const ModelInputs& in) {
   check_positions(position_ids, d);
   AttentionInputs attn;
   std::tie(attn.cos, attn.sin) = rotary_emb.forward(position_ids, h.scalar_type());
+  std::pair<at::Tensor, at::Tensor> sliding_tables{attn.cos, attn.sin};
+  if (sliding_rotary_emb) sliding_tables = sliding_rotary_emb->forward(position_ids, h.scalar_type());
+  const std::pair<at::Tensor, at::Tensor> full_tables{attn.cos, attn.sin};
   attn.position_ids = position_ids;
   attn.cache = cache.get();
 
@@ -112,7 +116,9 @@ ModelOutput DecoderModel::forward_impl(const ModelInputs& in) {
   if (in.output_hidden_states) out.hidden_states.push_back(h);
   for (size_t i = 0; i < layer_list_.size(); ++i) {
     attn.layer_idx = static_cast<int64_t>(i);
-    attn.mask = masks.at(layer_type(d, attn.layer_idx));
+    const auto& type = layer_type(d, attn.layer_idx);
+    attn.mask = masks.at(type);
+    std::tie(attn.cos, attn.sin) = type == kSlidingAttention ? sliding_tables : full_tables;
     h = layer_list_[i]->forward(h, attn);
     // Hugging Face convention: the last layer's output is replaced by the normed one.
     if (in.output_hidden_states && i + 1 < layer_list_.size()) out.hidden_states.push_back(h);

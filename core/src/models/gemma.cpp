@@ -1,4 +1,4 @@
-// Gemma and Gemma2: Hugging Face's defaults, class names and patch points on the shared decoder
+// Gemma, Gemma2 and Gemma 3 (text): Hugging Face's defaults, class names and patch points on the shared decoder
 // blocks, with what the two do differently.
 #include "torchpatch/models/gemma.h"
 
@@ -74,7 +74,6 @@ void Gemma2Config::to_json(nlohmann::json& j) const {
   j["final_logit_softcapping"] = final_logit_softcapping ? nlohmann::json(*final_logit_softcapping) : nlohmann::json();
 }
 
-namespace {
 nn::GqaOptions gemma2_attention_options(const ModelConfig& config) {
   const auto& own = config.family_fields<Gemma2Config>();
   auto options = attention_options(config.decoder);
@@ -83,20 +82,33 @@ nn::GqaOptions gemma2_attention_options(const ModelConfig& config) {
   return options;
 }
 
+namespace {
+
 // A soft cap: absent or null keeps the default, an explicit null turns it off.
-std::optional<double> read_cap(const ConfigReader& f, const char* key, double fallback) {
+std::optional<double> read_cap(const ConfigReader& f, const char* key, std::optional<double> fallback) {
   if (!f.json().contains(key)) return fallback;
   if (f.json().at(key).is_null()) return std::nullopt;
-  const double cap = f.number(key, fallback);
+  const double cap = f.number(key, 0);
   if (cap <= 0) f.fail(fmt::format("field '{}' must be positive or null, got {}", key, cap));
   return cap;
 }
 }  // namespace
 
+// Gemma2's fields; `defaults` gives the scalar and the caps when absent.
+std::shared_ptr<Gemma2Config> read_gemma2_fields(const ConfigReader& f, const Gemma2Config& defaults) {
+  auto own = std::make_shared<Gemma2Config>(defaults);
+  own->query_pre_attn_scalar = f.number("query_pre_attn_scalar", defaults.query_pre_attn_scalar);
+  if (own->query_pre_attn_scalar <= 0) f.fail("field 'query_pre_attn_scalar' must be positive");
+  own->attn_logit_softcapping = read_cap(f, "attn_logit_softcapping", defaults.attn_logit_softcapping);
+  own->final_logit_softcapping = read_cap(f, "final_logit_softcapping", defaults.final_logit_softcapping);
+  return own;
+}
+
 Gemma2Attention::Gemma2Attention(const BuildContext& ctx) : GqaAttention(gemma2_attention_options(model_config(ctx))) {}
 
-Gemma2DecoderLayer::Gemma2DecoderLayer(const BuildContext& ctx) {
-  const auto& s = spec();
+Gemma2DecoderLayer::Gemma2DecoderLayer(const BuildContext& ctx) : Gemma2DecoderLayer(ctx, spec()) {}
+
+Gemma2DecoderLayer::Gemma2DecoderLayer(const BuildContext& ctx, const DecoderSpec& s) {
   self_attn = register_module("self_attn", build<roles::Attention>(s.attention, ctx.child("self_attn")));
   mlp = register_module("mlp", build<roles::Mlp>(s.mlp, ctx.child("mlp")));
   for (auto [slot, name] : {std::pair{&input_layernorm, "input_layernorm"},
@@ -131,13 +143,7 @@ Family family() {
                                Gemma2ForCausalLM>("gemma2", spec(), traits);
   family.parse_config = [traits](const nlohmann::json& j, const std::string& source) {
     auto config = parse_decoder_config(j, source, traits);
-    ConfigReader f(j, source);
-    auto own = std::make_shared<Gemma2Config>();
-    own->query_pre_attn_scalar = f.number("query_pre_attn_scalar", own->query_pre_attn_scalar);
-    if (own->query_pre_attn_scalar <= 0) f.fail("field 'query_pre_attn_scalar' must be positive");
-    own->attn_logit_softcapping = read_cap(f, "attn_logit_softcapping", 50.0);
-    own->final_logit_softcapping = read_cap(f, "final_logit_softcapping", 30.0);
-    config.fields = std::move(own);
+    config.fields = read_gemma2_fields(ConfigReader(j, source), Gemma2Config{});
     return config;
   };
   family.attention_options = gemma2_attention_options;
@@ -148,4 +154,69 @@ Family family() {
 }
 
 }  // namespace gemma2
+
+namespace gemma3 {
+
+const DecoderSpec& spec() {
+  static const DecoderSpec spec{"Gemma3Attention",    "Gemma3MLP",       "Gemma3RMSNorm",
+                                "Gemma3DecoderLayer", "Gemma3TextModel", "Gemma3ForCausalLM"};
+  return spec;
+}
+
+namespace {
+nn::QkNormOptions gemma3_qk_norm(const ModelConfig& config) {
+  nn::QkNormOptions norm;
+  norm.eps = config.decoder.rms_norm_eps;
+  norm.unit_offset = true;  // Gemma's x * (1 + weight)
+  return norm;
+}
+}  // namespace
+
+Gemma3Attention::Gemma3Attention(const BuildContext& ctx)
+    : QkNormAttention(gemma2::gemma2_attention_options(model_config(ctx)), gemma3_qk_norm(model_config(ctx))) {}
+
+Family family() {
+  auto traits = gemma_traits();  // Gemma3TextConfig defaults: Gemma's, and these
+  auto& d = traits.defaults;
+  d.vocab_size = 262208;
+  d.hidden_size = 2304;
+  d.intermediate_size = 9216;
+  d.num_hidden_layers = 26;
+  d.num_attention_heads = 8;
+  d.num_key_value_heads = 4;
+  d.max_position_embeddings = 131072;
+  d.sliding_window = 4096;
+  traits.sliding = DecoderTraits::SlidingLayers::kPattern;
+  auto family = decoder_family<Gemma3Attention, Gemma3MLP, Gemma3RMSNorm, Gemma3DecoderLayer, Gemma3TextModel,
+                               Gemma3ForCausalLM>("gemma3_text", spec(), traits);
+  family.parse_config = [traits](const nlohmann::json& j, const std::string& source) {
+    auto config = parse_decoder_config(j, source, traits);
+    ConfigReader f(j, source);
+    if (f.boolean("use_bidirectional_attention", false)) {
+      f.fail("use_bidirectional_attention true (EmbeddingGemma's encoder) is not supported; torchpatch builds Gemma 3 "
+             "as a causal decoder");
+    }
+    gemma2::Gemma2Config defaults;
+    defaults.query_pre_attn_scalar = 256;
+    defaults.attn_logit_softcapping = std::nullopt;
+    defaults.final_logit_softcapping = std::nullopt;
+    config.fields = gemma2::read_gemma2_fields(f, defaults);
+    // A v4 config gives the sliding layers' base alone; v5's per-type rope_parameters gave it already.
+    if (!config.decoder.sliding_rope) {
+      nn::RopeParameters local;
+      local.theta = f.number("rope_local_base_freq", 10000.0);
+      if (!(local.theta > 0)) f.fail("field 'rope_local_base_freq' must be positive");
+      config.decoder.sliding_rope = local;
+    }
+    return config;
+  };
+  family.attention_options = gemma2::gemma2_attention_options;
+  family.qk_norm_options = gemma3_qk_norm;
+  auto tiny = tiny_gemma_preset("gemma3_text", "Gemma3ForCausalLM");
+  tiny.update({{"sliding_window", 8}, {"sliding_window_pattern", 2}, {"query_pre_attn_scalar", 16}});
+  family.presets = {{"tiny-gemma3", tiny}};
+  return family;
+}
+
+}  // namespace gemma3
 }  // namespace torchpatch

@@ -27,6 +27,9 @@ TORCHPATCH_API nn::GqaOptions attention_options(const DecoderConfig& config);
 /// The options of `config`'s family's grouped-query attention (Family::attention_options: Gemma2's
 /// query scale and soft cap), or the shared ones: what a replacement of that attention starts from.
 TORCHPATCH_API nn::GqaOptions family_attention_options(const ModelConfig& config);
+/// The q/k norm of `config`'s family's attention (Family::qk_norm_options), or per head with the
+/// config's rms_norm_eps.
+TORCHPATCH_API nn::QkNormOptions family_qk_norm_options(const ModelConfig& config);
 /// Where `config`'s family keeps its experts in hub checkpoints (Qwen's names when it says nothing).
 TORCHPATCH_API const ExpertsLayout& experts_layout(const ModelConfig& config);
 /// ctx.args "intermediate_size" overrides the width (a MoE block's shared expert).

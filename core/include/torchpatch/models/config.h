@@ -67,6 +67,9 @@ struct TORCHPATCH_API DecoderConfig {
   std::optional<int64_t> pad_token_id;
   std::vector<int64_t> eos_token_ids;  ///< from `eos_token_id` (a number or a list)
   RopeParameters rope;
+  /// RoPE of the sliding layers where it differs from `rope` (Gemma 3's local base): v5's per-layer-type
+  /// `rope_parameters` {"full_attention": ..., "sliding_attention": ...}; none = `rope` everywhere.
+  std::optional<RopeParameters> sliding_rope;
   /// Keys a sliding layer attends to, itself included (Mistral; Qwen2 when use_sliding_window).
   std::optional<int64_t> sliding_window;
   /// One entry per layer: kFullAttention or kSlidingAttention.
@@ -160,7 +163,8 @@ struct TORCHPATCH_API DecoderTraits {
     kAll,            ///< Mistral: every layer when `sliding_window` is set
     kFromMaxWindow,  ///< Qwen2: `use_sliding_window`, then `layer_types` or layers >= `max_window_layers`
     kAllWhenUsed,    ///< Qwen3-MoE: every layer when `use_sliding_window`
-    kEvenLayers      ///< Gemma2: layers 0, 2, 4, ... (`sliding_window` always on)
+    kEvenLayers,     ///< Gemma2: layers 0, 2, 4, ... (`sliding_window` always on)
+    kPattern         ///< Gemma 3: `layer_types`, else all but every `sliding_window_pattern`-th layer (always on)
   };
   /// Where attention and MLP biases come from.
   enum class Biases {

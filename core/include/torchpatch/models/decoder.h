@@ -3,6 +3,8 @@
 // differently, nothing else.
 #pragma once
 
+#include <optional>
+
 #include "torchpatch/export.h"
 
 #include <memory>
@@ -33,6 +35,8 @@ class TORCHPATCH_API DecoderModel : public PretrainedModel {
   torch::nn::ModuleList layers{nullptr};
   std::shared_ptr<roles::Norm> norm;
   nn::RotaryEmbedding rotary_emb;
+  /// The sliding layers' own RoPE, when the config gives one (DecoderConfig::sliding_rope).
+  std::optional<nn::RotaryEmbedding> sliding_rotary_emb;
 
  protected:
   ModelOutput forward_impl(const ModelInputs& inputs) override;

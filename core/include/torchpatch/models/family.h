@@ -77,6 +77,9 @@ struct TORCHPATCH_API Family {
   /// decoder config): what a replacement of its attention (a split one) starts from. Gemma2 adds its
   /// query scale and soft cap.
   std::function<nn::GqaOptions(const ModelConfig&)> attention_options;
+  /// How its q/k-norm attention normalises (null: per head, the config's rms_norm_eps): Gemma 3 adds
+  /// Gemma's unit offset. What a replacement of that attention (a split one) starts from.
+  std::function<nn::QkNormOptions(const ModelConfig&)> qk_norm_options;
   /// Where the family came from: builtin or a plugin.
   Origin origin;
 };

@@ -95,6 +95,8 @@ class TORCHPATCH_API Gemma2RMSNorm : public nn::RmsNorm {
 class TORCHPATCH_API Gemma2DecoderLayer : public roles::DecoderLayer {
  public:
   explicit Gemma2DecoderLayer(const BuildContext& ctx);
+  /// The same layer of another family (Gemma 3) from its classes.
+  Gemma2DecoderLayer(const BuildContext& ctx, const DecoderSpec& spec);
 
   std::shared_ptr<roles::Attention> self_attn;
   std::shared_ptr<roles::Mlp> mlp;
@@ -114,9 +116,53 @@ class TORCHPATCH_API Gemma2Model : public gemma::GemmaModel {
 class TORCHPATCH_API Gemma2ForCausalLM : public DecoderForCausalLM {
  public:
   explicit Gemma2ForCausalLM(const BuildContext& ctx) : DecoderForCausalLM(ctx, spec()) {}
+  Gemma2ForCausalLM(const BuildContext& ctx, const DecoderSpec& spec) : DecoderForCausalLM(ctx, spec) {}
 
  protected:
   at::Tensor logits(const at::Tensor& hidden) override;
 };
 
 }  // namespace torchpatch::gemma2
+
+namespace torchpatch::gemma3 {
+
+/// Gemma 3's text model (model_type "gemma3_text"): Gemma2's layers and fields (no soft caps by
+/// default) with a per-head q/k norm of Gemma's form, sliding and full layers (`layer_types`, or all
+/// but every `sliding_window_pattern`-th layer), and a RoPE of their own for the sliding layers
+/// (v5's rope_parameters per layer type, or `rope_local_base_freq`).
+/// Patch points: Gemma3Attention, Gemma3MLP, Gemma3RMSNorm, Gemma3DecoderLayer, Gemma3TextModel, Gemma3ForCausalLM.
+TORCHPATCH_API const DecoderSpec& spec();
+Family family();
+
+class TORCHPATCH_API Gemma3Attention : public nn::QkNormAttention {
+ public:
+  explicit Gemma3Attention(const BuildContext& ctx);
+};
+
+class TORCHPATCH_API Gemma3MLP : public nn::GatedMlp {
+ public:
+  explicit Gemma3MLP(const BuildContext& ctx) : GatedMlp(mlp_options(ctx)) {}
+};
+
+class TORCHPATCH_API Gemma3RMSNorm : public nn::RmsNorm {
+ public:
+  explicit Gemma3RMSNorm(const BuildContext& ctx)
+      : RmsNorm(model_config(ctx).decoder.hidden_size, model_config(ctx).decoder.rms_norm_eps, /*unit_offset=*/true) {}
+};
+
+class TORCHPATCH_API Gemma3DecoderLayer : public gemma2::Gemma2DecoderLayer {
+ public:
+  explicit Gemma3DecoderLayer(const BuildContext& ctx) : Gemma2DecoderLayer(ctx, spec()) {}
+};
+
+class TORCHPATCH_API Gemma3TextModel : public gemma::GemmaModel {
+ public:
+  explicit Gemma3TextModel(const BuildContext& ctx) : GemmaModel(ctx, spec()) {}
+};
+
+class TORCHPATCH_API Gemma3ForCausalLM : public gemma2::Gemma2ForCausalLM {
+ public:
+  explicit Gemma3ForCausalLM(const BuildContext& ctx) : Gemma2ForCausalLM(ctx, spec()) {}
+};
+
+}  // namespace torchpatch::gemma3
