@@ -95,7 +95,7 @@ TEST_CASE("two ranks match the reference on every decoder case, MoE expert choic
   }
 }
 
-TEST_CASE("--tp refuses a family whose attention does not split by head, naming it and why", "[cli][dist]") {
+TEST_CASE("tp: a family whose attention does not split by head is refused, naming it and why", "[cli][dist]") {
   // OLMo 2 and OLMoE normalise q and k over the whole projection: every head's norm needs all heads.
   for (const auto& [name, attention] : {std::pair<std::string, std::string>{"olmo2_basic_v5", "Olmo2Attention"},
                                         {"olmoe_basic_v5", "OlmoeAttention"}}) {
