@@ -56,9 +56,11 @@ inline void check_forward(PretrainedModel& model, const Case& c) {
   }
 }
 
-// MoE: the padded batch's router outputs per sparse layer (the family's built-in recorders):
-// router_logits, routing_weights (atol 1e-5) and selected_experts exactly, at real tokens.
-inline void check_routing(PretrainedModel& model, const Case& c, int64_t sparse_layers) {
+// MoE: the padded batch's router outputs of each sparse layer (`layers`, the manifest's moe_layers;
+// the family's built-in recorders): router_logits, routing_weights (atol 1e-5) and selected_experts
+// exactly, at real tokens.
+inline void check_routing(PretrainedModel& model, const Case& c, const std::vector<int64_t>& layers) {
+  const auto sparse_layers = static_cast<int64_t>(layers.size());
   at::NoGradGuard no_grad;
   ModelInputs in;
   in.input_ids = c.get("input_ids");
@@ -69,14 +71,14 @@ inline void check_routing(PretrainedModel& model, const Case& c, int64_t sparse_
   const auto real = in.attention_mask.reshape({-1});
   const auto padding = real.to(at::kBool).logical_not().unsqueeze(-1);
   for (const auto& name : in.outputs) REQUIRE(static_cast<int64_t>(out.captured.at(name).size()) == sparse_layers);
-  for (int64_t layer = 0; layer < sparse_layers; ++layer) {
-    const auto suffix = "_layer" + std::to_string(layer);
-    CHECK(testutil::close(c.name + " router_logits" + suffix, out.captured.at("router_logits")[layer],
+  for (int64_t i = 0; i < sparse_layers; ++i) {
+    const auto suffix = "_layer" + std::to_string(layers[i]);
+    CHECK(testutil::close(c.name + " router_logits" + suffix, out.captured.at("router_logits")[i],
                           c.get("router_logits" + suffix), real));
-    CHECK(testutil::close(c.name + " routing_weights" + suffix, out.captured.at("routing_weights")[layer],
+    CHECK(testutil::close(c.name + " routing_weights" + suffix, out.captured.at("routing_weights")[i],
                           c.get("routing_weights" + suffix), real, 1e-5, 1e-4));
     INFO(c.name << " selected_experts" << suffix);
-    CHECK(at::equal(out.captured.at("selected_experts")[layer].masked_fill(padding, -1),
+    CHECK(at::equal(out.captured.at("selected_experts")[i].masked_fill(padding, -1),
                     c.get("selected_experts" + suffix).masked_fill(padding, -1)));
   }
 }

@@ -32,14 +32,14 @@ TEST_CASE("mixtral_basic_v5: forward, routing, generation, cli and save match th
   const Case c("mixtral_basic_v5");
   const auto model = load(c, "MixtralForCausalLM");
   reference::check_forward(*model, c);
-  reference::check_routing(*model, c, 2);
+  reference::check_routing(*model, c, {0, 1});
   reference::check_generation(*model, c);
   reference::check_saves_checkpoint_bit_exactly(*model, c);
   reference::check_cli(c);
 }
 
-TEST_CASE("MoE families record and replay routes through their router kind", "[mixtral][olmoe][cli][moe]") {
-  for (const char* name : {"mixtral_basic_v5", "olmoe_basic_v5"}) {
+TEST_CASE("MoE families record and replay routes through their router kind", "[mixtral][olmoe][glm4_moe][cli][moe]") {
+  for (const char* name : {"mixtral_basic_v5", "olmoe_basic_v5", "glm4_moe_basic_v5"}) {
     const Case c(name);
     const auto routes = testutil::temp_file(c.name + "-routes.npy");
     auto r = testutil::torchpatch_cli("routing record --model " + c.dir.string() +
@@ -47,7 +47,7 @@ TEST_CASE("MoE families record and replay routes through their router kind", "[m
     INFO(r.out);
     REQUIRE(r.code == 0);
     const auto array = torchpatch::load_npy(routes);
-    CHECK(array.sizes() == at::IntArrayRef({7, 2, 2}));  // 4 prompt + 3 fed-back tokens, 2 layers, top-2
+    CHECK(array.sizes() == at::IntArrayRef({7, 2, 2}));  // 4 prompt + 3 fed-back tokens, 2 sparse layers, top-2
     const auto tokens_line = r.out.substr(r.out.find("tokens: ") + 8);
     r = testutil::torchpatch_cli("routing replay --model " + c.dir.string() + " --routes " + routes.string() +
                                  " --ids " + tokens_line.substr(0, tokens_line.find('\n')) + " --json");
@@ -91,7 +91,7 @@ TEST_CASE("olmoe_basic_v5: forward, routing, generation, cli and save match the 
   const Case c("olmoe_basic_v5");
   const auto model = load(c, "OlmoeForCausalLM");
   reference::check_forward(*model, c);
-  reference::check_routing(*model, c, 2);
+  reference::check_routing(*model, c, {0, 1});
   reference::check_generation(*model, c);
   reference::check_saves_checkpoint_bit_exactly(*model, c);
   reference::check_cli(c);
@@ -101,6 +101,16 @@ TEST_CASE("gemma3_text_v5: forward, generation, cli and save match the reference
   const Case c("gemma3_text_v5");
   const auto model = load(c, "Gemma3ForCausalLM");
   reference::check_forward(*model, c);
+  reference::check_generation(*model, c);
+  reference::check_saves_checkpoint_bit_exactly(*model, c);
+  reference::check_cli(c);
+}
+
+TEST_CASE("glm4_moe_basic_v5: forward, routing, generation, cli and save match the reference", "[glm4_moe][reference]") {
+  const Case c("glm4_moe_basic_v5");
+  const auto model = load(c, "Glm4MoeForCausalLM");
+  reference::check_forward(*model, c);
+  reference::check_routing(*model, c, {1, 2});  // layer 0 is dense (first_k_dense_replace 1)
   reference::check_generation(*model, c);
   reference::check_saves_checkpoint_bit_exactly(*model, c);
   reference::check_cli(c);

@@ -130,7 +130,8 @@ TEST_CASE("quantized on load, every projection of llama_basic holds llama.cpp's 
 TEST_CASE("quantized decoder families stay close to the float reference", "[quant][reference]") {
   for (const char* name : {"llama_basic", "mistral_sliding_window", "gemma_basic", "phi3_fused", "qwen2_moe_basic",
                            "qwen3_moe_basic", "qwen3_dense_v5", "mixtral_basic_v5", "smollm3_nope_v5",
-                           "granite_basic_v5", "olmo2_basic_v5", "olmoe_basic_v5", "gemma3_text_v5"}) {
+                           "granite_basic_v5", "olmo2_basic_v5", "olmoe_basic_v5", "gemma3_text_v5",
+                           "glm4_moe_basic_v5"}) {
     const auto ref = reference(name);
     const auto mask = ref->find("attention_mask") ? ref->tensor("attention_mask") : at::Tensor();
     for (const std::string format : {"q8_0", "q4_0"}) {

@@ -114,10 +114,13 @@ int replay(const std::vector<std::string>& argv) {
   // Replay needs replayable routers: take the bundled plugin's unless --patch chose a router already.
   std::optional<ScopedPatchMapping> replayable;
   if (!args.has("patch")) {
-    if (auto cls = host->find_class("ReplayableTopKRouter")) {
-      const PatchMapping::Items items{{PatchMapping::kind_key(block_kind::kRouter), *cls}};
-      replayable.emplace(items, /*overwrite=*/true, host->registries().patches());
+    // The bundled plugin's replayable router of each router kind.
+    PatchMapping::Items items;
+    for (const auto& [kind, name] : {std::pair<const char*, const char*>{block_kind::kRouter, "ReplayableTopKRouter"},
+                                     {block_kind::kGroupedRouter, "ReplayableGroupedTopKRouter"}}) {
+      if (auto cls = host->find_class(name)) items.emplace_back(PatchMapping::kind_key(kind), *cls);
     }
+    if (!items.empty()) replayable.emplace(items, /*overwrite=*/true, host->registries().patches());
   }
   const BuiltModel built = build_model(*host, args);
   require_moe(*built.model);

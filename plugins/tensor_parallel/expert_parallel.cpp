@@ -4,7 +4,8 @@
 // are its choices), each rank runs its experts' share of the chosen pairs, the shared expert is split
 // like the MLP, and one all-reduce per block sums both:
 //
-//   out = Σ_r experts_r(x) + sigmoid(shared_expert_gate(x)) * Σ_r shared_expert_r(x)   (one all-reduce)
+//   out = Σ_r experts_r(x) + sigmoid(shared_expert_gate(x)) * Σ_r shared_expert_r(x)   (one all-reduce;
+//   a family without the gate adds the shared expert as it is)
 //
 // Each rank reads only its experts from the checkpoint (SelectExperts runs before the stacking), and
 // saving gathers them back in expert order.
@@ -191,7 +192,10 @@ class ExpertParallelBlock : public torchpatch::SparseMoeBlock {
     const auto shape = hidden.sizes().vec();
     const auto x = hidden.reshape({-1, shape.back()});  // [T, H]
     const auto routed = this->gate->forward(x);         // the same on every rank
-    const auto scale = this->shared_expert ? at::sigmoid(this->shared_expert_gate->forward(x)) : at::Tensor();  // [T, 1]
+    // [T, 1]: the shared expert's gate, or 1 where the family has none (GLM-4.5, DeepSeek-V3)
+    const auto scale = !this->shared_expert       ? at::Tensor()
+                       : this->shared_expert_gate ? at::sigmoid(this->shared_expert_gate->forward(x))
+                                                  : at::ones({x.size(0), 1}, x.options());
     // Replicated tensors entering partial sums: their gradients are summed over the ranks.
     const auto partial_x = copy_to_ranks(x, group_);
     auto partial = split_experts_ ? this->experts->forward(partial_x, routed.indices, copy_to_ranks(routed.scores, group_))

@@ -61,6 +61,12 @@ nn::RouterOptions router_options(const DecoderConfig& d) {
   return {d.hidden_size, d.moe.num_experts, d.moe.num_experts_per_tok, d.moe.norm_topk_prob};
 }
 
+nn::GroupedRouterOptions grouped_router_options(const DecoderConfig& d) {
+  const auto& m = d.moe;
+  return {d.hidden_size, m.num_experts, m.num_experts_per_tok, m.n_group, m.topk_group, m.norm_topk_prob,
+          m.routed_scaling_factor};
+}
+
 nn::ExpertsOptions experts_options(const DecoderConfig& d) {
   return {d.hidden_size, d.moe.num_experts, d.moe.moe_intermediate_size, d.activation, d.moe.implementation};
 }
@@ -113,8 +119,11 @@ SparseMoeBlock::SparseMoeBlock(const BuildContext& ctx, const DecoderSpec& spec)
   experts = register_module("experts", build<roles::Experts>(spec.experts, ctx.child("experts")));
   if (!spec.shared_expert.empty() && d.moe.shared_expert_intermediate_size > 0) {
     const nlohmann::json width{{"intermediate_size", d.moe.shared_expert_intermediate_size}};
-    shared_expert = register_module("shared_expert", build<roles::Mlp>(spec.shared_expert, ctx.child("shared_expert", width)));
-    shared_expert_gate = register_module("shared_expert_gate", nn::make_linear("shared_expert_gate", d.hidden_size, 1, false));
+    const auto& layout = spec.experts_layout;
+    shared_expert = register_module(layout.shared, build<roles::Mlp>(spec.shared_expert, ctx.child(layout.shared, width)));
+    if (layout.shared_gate) {
+      shared_expert_gate = register_module("shared_expert_gate", nn::make_linear("shared_expert_gate", d.hidden_size, 1, false));
+    }
   }
 }
 
@@ -141,7 +150,10 @@ at::Tensor SparseMoeBlock::forward(const at::Tensor& hidden) {
     const auto routed = gate->forward(x);
     out = experts->forward(x, routed.indices, routed.scores);
   };
-  const auto run_shared = [&] { shared = at::sigmoid(shared_expert_gate->forward(x)) * shared_expert->forward(x); };
+  const auto run_shared = [&] {
+    shared = shared_expert->forward(x);
+    if (shared_expert_gate) shared = at::sigmoid(shared_expert_gate->forward(x)) * shared;
+  };
   if (shared_expert && overlap_shared_expert(x)) {
     const at::ThreadLocalState state;  // inference mode and the rest, for the other thread
     base::parallel_for(0, 2, 1, [&](int64_t begin, int64_t end) {

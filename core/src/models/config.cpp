@@ -1,6 +1,8 @@
 #include "torchpatch/models/config.h"
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 #include <fstream>
 #include <limits>
 
@@ -172,13 +174,46 @@ void read_layer_types(const json& j, const FieldReader& f, const DecoderTraits& 
 // The number of experts under either spelling: the hub's `num_experts` (Qwen, OLMoE) or
 // `num_local_experts` (Mixtral; what transformers 5.x writes for a re-saved Qwen3-MoE, its attribute map).
 int64_t read_num_experts(const FieldReader& f, int64_t fallback, const std::string& source) {
-  const bool plain = f.has("num_experts"), local = f.has("num_local_experts");
-  if (plain && local && f.positive("num_experts", 0) != f.positive("num_local_experts", 0)) {
-    throw ConfigError(fmt::format("{}: num_experts {} and num_local_experts {} disagree (they are two spellings of one "
-                                  "field); keep one",
-                                  source, f.positive("num_experts", 0), f.positive("num_local_experts", 0)));
+  std::optional<std::pair<const char*, int64_t>> found;
+  for (const char* key : {"num_experts", "num_local_experts", "n_routed_experts"}) {
+    if (!f.has(key)) continue;
+    const int64_t n = f.positive(key, fallback);
+    if (found && found->second != n) {
+      throw ConfigError(fmt::format("{}: {} {} and {} {} disagree (they are spellings of one field); keep one", source,
+                                    found->first, found->second, key, n));
+    }
+    found = std::pair{key, n};
   }
-  return plain ? f.positive("num_experts", fallback) : f.positive("num_local_experts", fallback);
+  return found ? found->second : fallback;
+}
+
+// The DeepSeek-style router's groups: every group as large, at least two experts each (a group is
+// ranked by its two best scores), no more groups searched than there are.
+void read_groups(const FieldReader& f, const MoeConfig& defaults, MoeConfig& moe, const std::string& source) {
+  moe.n_group = f.positive("n_group", defaults.n_group);
+  moe.topk_group = f.positive("topk_group", defaults.topk_group);
+  moe.routed_scaling_factor = f.number("routed_scaling_factor", defaults.routed_scaling_factor);
+  moe.first_k_dense_replace = f.integer("first_k_dense_replace", defaults.first_k_dense_replace);
+  if (moe.first_k_dense_replace < 0) {
+    throw ConfigError(fmt::format("{}: first_k_dense_replace must not be negative, got {}", source, moe.first_k_dense_replace));
+  }
+  if (!(moe.routed_scaling_factor > 0) || !std::isfinite(moe.routed_scaling_factor)) {
+    throw ConfigError(fmt::format("{}: routed_scaling_factor must be a positive number", source));
+  }
+  if (!f.has("n_group") && !f.has("topk_group")) return;  // the softmax routers have no groups
+  if (moe.num_experts % moe.n_group != 0 || moe.num_experts / moe.n_group < 2) {
+    throw ConfigError(fmt::format("{}: n_group {} must split the {} experts into equal groups of at least two", source,
+                                  moe.n_group, moe.num_experts));
+  }
+  if (moe.topk_group > moe.n_group) {
+    throw ConfigError(fmt::format("{}: topk_group {} is more than n_group {}", source, moe.topk_group, moe.n_group));
+  }
+  if (moe.num_experts_per_tok > moe.topk_group * (moe.num_experts / moe.n_group)) {
+    throw ConfigError(fmt::format("{}: num_experts_per_tok {} is more than the {} experts of the topk_group {} groups "
+                                  "searched",
+                                  source, moe.num_experts_per_tok, moe.topk_group * (moe.num_experts / moe.n_group),
+                                  moe.topk_group));
+  }
 }
 
 // `rope`, and `sliding_rope` when v5's rope_parameters holds one entry per layer type (Gemma 3).
@@ -235,6 +270,7 @@ MoeConfig read_moe(const json& j, const FieldReader& f, const MoeConfig& default
       moe.mlp_only_layers.push_back(layer.get<int64_t>());
     }
   }
+  read_groups(f, defaults, moe, source);
   moe.experts_implementation = f.string("experts_implementation", defaults.experts_implementation);
   if (moe.experts_implementation != "grouped" && moe.experts_implementation != "eager") {
     throw ConfigError(fmt::format("{}: experts_implementation '{}' is not one of grouped, eager", source,
@@ -316,6 +352,12 @@ ModelConfig parse_decoder_config(const json& j, const std::string& source, const
       d.mlp_bias = f.boolean("mlp_bias", defaults.mlp_bias);
       break;
     case DecoderTraits::Biases::kNone: d.attention_bias = d.qkv_bias = d.o_bias = d.mlp_bias = false; break;
+    case DecoderTraits::Biases::kQkvFromConfig:
+      d.attention_bias = f.boolean("attention_bias", defaults.attention_bias);
+      d.qkv_bias = d.attention_bias;
+      d.o_bias = false;
+      d.mlp_bias = false;
+      break;
     case DecoderTraits::Biases::kQkvOnly:
       d.qkv_bias = true;
       d.attention_bias = d.o_bias = d.mlp_bias = false;
@@ -349,7 +391,7 @@ ModelConfig ModelConfig::from_json(const json& j, const std::string& source, con
 
 bool MoeConfig::is_sparse_layer(int64_t layer_idx) const {
   const bool listed = std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer_idx) != mlp_only_layers.end();
-  return num_experts > 0 && !listed && (layer_idx + 1) % decoder_sparse_step == 0;
+  return num_experts > 0 && !listed && layer_idx >= first_k_dense_replace && (layer_idx + 1) % decoder_sparse_step == 0;
 }
 
 int64_t DecoderConfig::max_positions() const {

@@ -55,6 +55,7 @@ QkNormAttention::QkNormAttention(const GqaOptions& options, double norm_eps)
 
 QkNormAttention::QkNormAttention(const GqaOptions& options, const QkNormOptions& norm)
     : GqaAttention(options), norm_options(norm) {
+  if (!norm.enabled) return;
   const int64_t q_width = norm.per_head ? head_dim : num_heads * head_dim;
   const int64_t k_width = norm.per_head ? head_dim : num_key_value_heads * head_dim;
   q_norm = register_module("q_norm", std::make_shared<RmsNorm>(q_width, norm.eps, norm.unit_offset));
@@ -69,7 +70,9 @@ at::Tensor QkNormAttention::forward_impl(const at::Tensor& hidden, const Attenti
     k = k.clamp(-*c, *c);
     v = v.clamp(-*c, *c);
   }
-  if (norm_options.per_head) {  // each head's vector: [B, Q, heads, hd] over hd
+  if (!norm_options.enabled) {
+    // no norm
+  } else if (norm_options.per_head) {  // each head's vector: [B, Q, heads, hd] over hd
     q = q_norm->forward(q.view({b, len, num_heads, head_dim})).reshape({b, len, -1});
     k = k_norm->forward(k.view({b, len, num_key_value_heads, head_dim})).reshape({b, len, -1});
   } else {

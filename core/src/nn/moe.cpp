@@ -40,6 +40,36 @@ RouterOutput TopKRouter::forward_impl(const at::Tensor& hidden) {
   return route_top_k(nn::linear(hidden, weight), top_k, norm_topk_prob);  // logits [T, E]
 }
 
+at::Tensor grouped_scores_for(const at::Tensor& logits, const at::Tensor& indices, bool norm_topk_prob, double scaling) {
+  auto top = at::sigmoid(logits.to(at::kFloat)).gather(-1, indices.to(at::kLong));
+  if (norm_topk_prob) top = top / (top.sum(-1, /*keepdim=*/true) + 1e-20);
+  return top * scaling;
+}
+
+GroupedTopKRouter::GroupedTopKRouter(const GroupedRouterOptions& o) : options(o) {
+  weight = register_parameter("weight", new_weight({o.num_experts, o.hidden_size}, o.hidden_size));
+  e_score_correction_bias =
+      register_parameter("e_score_correction_bias", at::zeros({o.num_experts}, at::kFloat), /*requires_grad=*/false);
+}
+
+RouterOutput GroupedTopKRouter::forward_impl(const at::Tensor& hidden) {
+  const auto& o = options;
+  const auto logits = at::linear(hidden.to(at::kFloat), weight.to(at::kFloat));  // [T, E]
+  at::Tensor indices;
+  {
+    at::NoGradGuard no_grad;  // choosing is not differentiable; the weights below are
+    const auto choice = at::sigmoid(logits) + e_score_correction_bias;
+    const auto per_group = o.num_experts / o.n_group;
+    const auto group_scores = std::get<0>(choice.view({-1, o.n_group, per_group}).topk(2, -1)).sum(-1);  // [T, G]
+    const auto groups = std::get<1>(group_scores.topk(o.topk_group, -1, /*largest=*/true, /*sorted=*/false));
+    const auto group_mask = at::zeros_like(group_scores).scatter_(1, groups, 1.0);
+    const auto expert_mask = group_mask.unsqueeze(-1).expand({-1, o.n_group, per_group}).reshape({-1, o.num_experts});
+    const auto candidates = choice.masked_fill(expert_mask.logical_not(), 0.0);
+    indices = std::get<1>(candidates.topk(o.top_k, -1, /*largest=*/true, /*sorted=*/false));
+  }
+  return {logits, grouped_scores_for(logits, indices, o.norm_topk_prob, o.routed_scaling_factor), indices};
+}
+
 // Experts ---------------------------------------------------------------------------------------
 
 FusedExperts::FusedExperts(const ExpertsOptions& o)

@@ -35,6 +35,7 @@ TORCHPATCH_API const ExpertsLayout& experts_layout(const ModelConfig& config);
 /// ctx.args "intermediate_size" overrides the width (a MoE block's shared expert).
 TORCHPATCH_API nn::MlpOptions mlp_options(const BuildContext& ctx);
 TORCHPATCH_API nn::RouterOptions router_options(const DecoderConfig& config);
+TORCHPATCH_API nn::GroupedRouterOptions grouped_router_options(const DecoderConfig& config);
 TORCHPATCH_API nn::ExpertsOptions experts_options(const DecoderConfig& config);
 
 /// A pre-norm decoder layer: attention and MLP, each behind a norm and a residual connection.
@@ -83,7 +84,7 @@ class TORCHPATCH_API SparseMoeBlock : public roles::Mlp {
   std::shared_ptr<roles::Router> gate;
   std::shared_ptr<roles::Experts> experts;
   std::shared_ptr<roles::Mlp> shared_expert;       ///< null without a shared expert
-  std::shared_ptr<roles::Linear> shared_expert_gate;  ///< [1, H]; null without a shared expert
+  std::shared_ptr<roles::Linear> shared_expert_gate;  ///< [1, H]; null without a shared expert or its gate
 };
 
 }  // namespace torchpatch

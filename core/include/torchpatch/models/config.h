@@ -26,7 +26,7 @@ using nn::RopeParameters;
 inline constexpr const char* kFullAttention = "full_attention";
 inline constexpr const char* kSlidingAttention = "sliding_attention";
 
-/// Mixture-of-experts fields (Qwen2-MoE, Qwen3-MoE); num_experts 0 = a dense model.
+/// Mixture-of-experts fields (Qwen2-MoE, Qwen3-MoE, Mixtral, OLMoE, GLM-4.5); num_experts 0 = a dense model.
 struct TORCHPATCH_API MoeConfig {
   int64_t num_experts = 0;
   int64_t num_experts_per_tok = 0;       ///< top-k
@@ -36,6 +36,13 @@ struct TORCHPATCH_API MoeConfig {
   int64_t decoder_sparse_step = 1;       ///< layer i is sparse when (i + 1) % step == 0 ...
   std::vector<int64_t> mlp_only_layers;  ///< ... and i is not listed here
   double router_aux_loss_coef = 0.001;
+  /// Layers below this one are dense (GLM-4.5, DeepSeek-V3: `first_k_dense_replace`).
+  int64_t first_k_dense_replace = 0;
+  // The DeepSeek-style router (nn::GroupedTopKRouter): experts in `n_group` groups, the best
+  // `topk_group` groups by their two best scores searched, chosen weights times routed_scaling_factor.
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  double routed_scaling_factor = 1.0;
   /// How the built-in experts run: "grouped" (the default) or "eager"; `implementation` is the same, resolved.
   std::string experts_implementation = "grouped";
   nn::ExpertsImplementation implementation = nn::ExpertsImplementation::kGrouped;
@@ -170,7 +177,8 @@ struct TORCHPATCH_API DecoderTraits {
   enum class Biases {
     kFromConfig,  ///< Llama: `attention_bias` (q/k/v/o) and `mlp_bias`
     kNone,        ///< Mistral: never
-    kQkvOnly      ///< Qwen2: q/k/v always, o and the MLP never
+    kQkvOnly,     ///< Qwen2: q/k/v always, o and the MLP never
+    kQkvFromConfig  ///< GLM-4.5: q/k/v from `attention_bias`, o and the MLP never
   };
   DecoderConfig defaults;
   SlidingLayers sliding = SlidingLayers::kNone;

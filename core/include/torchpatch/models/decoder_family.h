@@ -42,6 +42,14 @@ constexpr const char* attention_kind() {
   else return "";
 }
 
+/// The block_kind of a router class, from the shared block it derives from ("" for another).
+template <class Router>
+constexpr const char* router_kind() {
+  if constexpr (std::is_base_of_v<nn::TopKRouter, Router>) return block_kind::kRouter;
+  else if constexpr (std::is_base_of_v<nn::GroupedTopKRouter, Router>) return block_kind::kGroupedRouter;
+  else return "";
+}
+
 /// A decoder family on the shared blocks: `Attention`, `Mlp`, `Norm`, `Layer`, `Base` and `CausalLM`
 /// are its classes (each constructible from a BuildContext), registered under `spec`'s keys.
 template <class Attention, class Mlp, class Norm, class Layer, class Base, class CausalLM>
@@ -80,8 +88,7 @@ inline checkpoint::ConversionRules experts_conversion(const ExpertsLayout& layou
 template <class Block, class Router, class Experts>
 void add_moe_parts(Family& family, const DecoderSpec& spec) {
   family.patch_points.push_back(with_kind(module_class<Block>(spec.sparse_block), block_kind::kSparseBlock));
-  family.patch_points.push_back(
-      with_kind(module_class<Router>(spec.router), std::is_base_of_v<nn::TopKRouter, Router> ? block_kind::kRouter : ""));
+  family.patch_points.push_back(with_kind(module_class<Router>(spec.router), router_kind<Router>()));
   family.patch_points.push_back(
       with_kind(module_class<Experts>(spec.experts), std::is_base_of_v<nn::FusedExperts, Experts> ? block_kind::kExperts : ""));
   family.conversions = [layout = spec.experts_layout](const Config&) { return experts_conversion(layout); };

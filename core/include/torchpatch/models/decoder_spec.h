@@ -17,6 +17,10 @@ struct TORCHPATCH_API ExpertsLayout {
   std::string gate = "gate_proj";  ///< Mixtral: "w1"
   std::string up = "up_proj";      ///< Mixtral: "w3"
   std::string down = "down_proj";  ///< Mixtral: "w2"
+  /// The shared expert's name in the block ("shared_experts": GLM-4.5, DeepSeek-V3) and whether a
+  /// sigmoid gate [1, H] scales it (Qwen2-MoE's `shared_expert_gate`).
+  std::string shared = "shared_expert";
+  bool shared_gate = true;
 };
 
 /// A decoder family's class names: its patch-point keys and its model classes.

@@ -47,6 +47,7 @@ inline constexpr const char* kFusedMlp = "fused_mlp";                    ///< on
 inline constexpr const char* kExperts = "experts";                       ///< nn::FusedExperts; expert parallel
 inline constexpr const char* kSparseBlock = "sparse_block";              ///< routed and shared experts, one reduction
 inline constexpr const char* kRouter = "router";                         ///< nn::TopKRouter (softmax top-k); runs whole
+inline constexpr const char* kGroupedRouter = "grouped_router";          ///< nn::GroupedTopKRouter (DeepSeek-style); runs whole
 }  // namespace block_kind
 
 struct TORCHPATCH_API Family {

@@ -69,6 +69,9 @@ class TORCHPATCH_API GqaAttention : public roles::Attention {
 /// How QkNormAttention normalises queries and keys.
 struct TORCHPATCH_API QkNormOptions {
   double eps = 1e-6;
+  /// Without it the block is plain grouped-query attention with no q_norm/k_norm (GLM-4.5's
+  /// `use_qk_norm` false).
+  bool enabled = true;
   /// Each head's vector (Qwen3, Gemma 3: weights [hd]), or each whole projection, all heads together
   /// (OLMo 2, OLMoE: q_norm [nH*hd], k_norm [nKV*hd]).
   bool per_head = true;

@@ -30,6 +30,37 @@ struct TORCHPATCH_API RouterOptions {
   bool norm_topk_prob = false;
 };
 
+struct TORCHPATCH_API GroupedRouterOptions {
+  int64_t hidden_size = 0;
+  int64_t num_experts = 0;
+  int64_t top_k = 0;
+  int64_t n_group = 1;     ///< experts in this many equal groups
+  int64_t topk_group = 1;  ///< groups searched: those with the best two-expert score sums
+  bool norm_topk_prob = true;
+  double routed_scaling_factor = 1.0;
+};
+
+/// Router weights for given expert choices under the DeepSeek-style rule: sigmoid(logits)[indices],
+/// renormalised when `norm_topk_prob`, times `scaling`. Differentiable in `logits`.
+TORCHPATCH_API at::Tensor grouped_scores_for(const at::Tensor& logits, const at::Tensor& indices, bool norm_topk_prob,
+                                             double scaling);
+
+/// The DeepSeek-V3 / GLM-4.5 router: weight [E, H] and e_score_correction_bias [E] (float32, not
+/// trained). Logits in float32; sigmoid scores; the bias steers the choice (group ranking and top-k)
+/// but not the weights, which are the chosen sigmoid scores, renormalised and scaled. Indices in
+/// the order LibTorch's unsorted top-k gives them, as Hugging Face's.
+class TORCHPATCH_API GroupedTopKRouter : public roles::Router {
+ public:
+  explicit GroupedTopKRouter(const GroupedRouterOptions& options);
+
+  at::Tensor weight;                   ///< [E, H]
+  at::Tensor e_score_correction_bias;  ///< [E], float32
+  GroupedRouterOptions options;
+
+ protected:
+  RouterOutput forward_impl(const at::Tensor& hidden) override;
+};
+
 /// `XTopKRouter`: weight [E, H]; logits = hidden @ weight^T.
 class TORCHPATCH_API TopKRouter : public roles::Router {
  public:
