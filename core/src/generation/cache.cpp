@@ -11,8 +11,11 @@ namespace torchpatch {
 
 namespace {
 void check_kv(const at::Tensor& keys, const at::Tensor& values, const at::Tensor& stored) {
-  if (keys.dim() != 4 || values.sizes() != keys.sizes()) {
-    throw InputError(fmt::format("cache update: keys and values must both be [B, nKV, S, hd], got {} and {}",
+  // Keys and values may differ in their last size (multi-head latent attention: q/k heads hold the
+  // rotary part too, value heads do not).
+  if (keys.dim() != 4 || values.dim() != 4 || values.size(0) != keys.size(0) || values.size(1) != keys.size(1) ||
+      values.size(2) != keys.size(2)) {
+    throw InputError(fmt::format("cache update: keys and values must be [B, nKV, S, hd] and [B, nKV, S, vd], got {} and {}",
                                  fmt::join(keys.sizes(), "x"), fmt::join(values.sizes(), "x")));
   }
   if (stored.defined() && (keys.size(0) != stored.size(0) || keys.size(1) != stored.size(1) ||
@@ -41,10 +44,10 @@ std::pair<at::Tensor, at::Tensor> CacheLayer::append(const at::Tensor& keys, con
       }
     } else {
       const int64_t grown = std::max({2 * capacity, kept + fresh, reserved_});
-      auto shape = keys.sizes().vec();
-      shape[2] = grown;
+      auto shape = keys.sizes().vec(), value_shape = values.sizes().vec();
+      shape[2] = value_shape[2] = grown;
       auto new_keys = at::empty(shape, keys.options());
-      auto new_values = at::empty(shape, values.options());
+      auto new_values = at::empty(value_shape, values.options());
       if (kept > 0) {
         new_keys.narrow(2, 0, kept).copy_(keys_.narrow(2, keep_from, kept));
         new_values.narrow(2, 0, kept).copy_(values_.narrow(2, keep_from, kept));

@@ -22,6 +22,7 @@ namespace granite { Family family(); }
 namespace olmo2 { Family family(); }
 namespace olmoe { Family family(); }
 namespace glm4_moe { Family family(); }
+namespace deepseek_v3 { Family family(); }
 
 namespace {
 
@@ -46,7 +47,8 @@ void add_builtin_families(FamilyRegistry& families) {
   families.add_shared_patch_point(linear_class());
   for (auto family : {llama::family(), mistral::family(), qwen2::family(), qwen2_moe::family(), qwen3::family(),
                       qwen3_moe::family(), gemma::family(), gemma2::family(), gemma3::family(), mixtral::family(), smollm3::family(),
-                      granite::family(), olmo2::family(), olmoe::family(), glm4_moe::family(), bert::family()}) {
+                      granite::family(), olmo2::family(), olmoe::family(), glm4_moe::family(), deepseek_v3::family(),
+                      bert::family()}) {
     families.add(std::move(family));
   }
 }

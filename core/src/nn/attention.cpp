@@ -28,8 +28,8 @@ at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   auto probs = upcast_softmax ? at::softmax(scores, -1, reduction_type(q.scalar_type())).to(q.scalar_type())
                               : at::softmax(scores, -1);
   if (weights_out) *weights_out = probs;
-  auto out = at::matmul(probs.view({b, kv_heads, groups * len, kv_len}), v);  // [B, nKV, groups*Q, hd]
-  return out.view({b, heads, len, hd}).transpose(1, 2).contiguous();          // [B, Q, nH, hd]
+  auto out = at::matmul(probs.view({b, kv_heads, groups * len, kv_len}), v);  // [B, nKV, groups*Q, vd]
+  return out.view({b, heads, len, v.size(3)}).transpose(1, 2).contiguous();   // [B, Q, nH, vd]
 }
 
 GqaAttention::GqaAttention(const GqaOptions& o)
