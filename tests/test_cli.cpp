@@ -129,7 +129,7 @@ TEST_CASE("cli runtime errors exit with 1 and name the cause", "[cli][errors]") 
       {"run --model /nonexistent/dir --prompt-ids 1", "/nonexistent/dir: no such file or directory"},
       {"run --preset tiny-llama --prompt-ids 1,999", "token id 999 at [0, 1] is out of range for vocab_size 256"},
       {"run --preset tiny-llama --prompt-ids 1 --patch LlamaAttention=Nope", "no class named 'Nope'"},
-      {"run --preset nope --prompt-ids 1", "unknown preset 'nope' (presets: tiny-bert, tiny-gemma, tiny-gemma2, "},
+      {"run --preset nope --prompt-ids 1", "unknown preset 'nope' (presets: tiny-bert, "},
       {"run --preset nope --prompt-ids 1", " tiny-llama, llama-125m, tiny-mistral, "},
       {"run --preset tiny-llama --prompt-ids 1 --patch LlamaMLP=CustomLlamaAttention",
        "has role Attention, but 'LlamaMLP' is a patch point of role Mlp"},

@@ -38,8 +38,9 @@ TEST_CASE("mixtral_basic_v5: forward, routing, generation, cli and save match th
   reference::check_cli(c);
 }
 
-TEST_CASE("MoE families record and replay routes through their router kind", "[mixtral][olmoe][glm4_moe][deepseek_v3][cli][moe]") {
-  for (const char* name : {"mixtral_basic_v5", "olmoe_basic_v5", "glm4_moe_basic_v5", "deepseek_v3_mla_v5"}) {
+TEST_CASE("MoE families record and replay routes through their router kind", "[mixtral][olmoe][glm4_moe][deepseek_v3][gpt_oss][cli][moe]") {
+  for (const char* name :
+       {"mixtral_basic_v5", "olmoe_basic_v5", "glm4_moe_basic_v5", "deepseek_v3_mla_v5", "gpt_oss_basic_v5"}) {
     const Case c(name);
     const auto routes = testutil::temp_file(c.name + "-routes.npy");
     auto r = testutil::torchpatch_cli("routing record --model " + c.dir.string() +
@@ -121,6 +122,16 @@ TEST_CASE("deepseek_v3_mla_v5: forward, routing, generation, cli and save match 
   const auto model = load(c, "DeepseekV3ForCausalLM");
   reference::check_forward(*model, c);
   reference::check_routing(*model, c, {1, 2});  // layer 0 is dense (first_k_dense_replace 1)
+  reference::check_generation(*model, c);
+  reference::check_saves_checkpoint_bit_exactly(*model, c);
+  reference::check_cli(c);
+}
+
+TEST_CASE("gpt_oss_basic_v5: forward, routing, generation, cli and save match the reference", "[gpt_oss][reference]") {
+  const Case c("gpt_oss_basic_v5");
+  const auto model = load(c, "GptOssForCausalLM");
+  reference::check_forward(*model, c);
+  reference::check_routing(*model, c, {0, 1});
   reference::check_generation(*model, c);
   reference::check_saves_checkpoint_bit_exactly(*model, c);
   reference::check_cli(c);

@@ -117,7 +117,8 @@ int replay(const std::vector<std::string>& argv) {
     // The bundled plugin's replayable router of each router kind.
     PatchMapping::Items items;
     for (const auto& [kind, name] : {std::pair<const char*, const char*>{block_kind::kRouter, "ReplayableTopKRouter"},
-                                     {block_kind::kGroupedRouter, "ReplayableGroupedTopKRouter"}}) {
+                                     {block_kind::kGroupedRouter, "ReplayableGroupedTopKRouter"},
+                                     {block_kind::kSoftmaxOfTopKRouter, "ReplayableSoftmaxOfTopKRouter"}}) {
       if (auto cls = host->find_class(name)) items.emplace_back(PatchMapping::kind_key(kind), *cls);
     }
     if (!items.empty()) replayable.emplace(items, /*overwrite=*/true, host->registries().patches());

@@ -71,12 +71,27 @@ class ReplayableGroupedTopKRouter : public Replayable<torchpatch::nn::GroupedTop
   }
 };
 
+// GPT-OSS's router (the `softmax_of_top_k_router` kind).
+class ReplayableSoftmaxOfTopKRouter : public Replayable<torchpatch::nn::SoftmaxOfTopKRouter> {
+ public:
+  explicit ReplayableSoftmaxOfTopKRouter(const torchpatch::BuildContext& ctx)
+      : Replayable(torchpatch::router_options(torchpatch::model_config(ctx).decoder)) {}
+
+ protected:
+  at::Tensor logits(const at::Tensor& hidden) override { return at::linear(hidden, weight, bias); }
+  at::Tensor weights_for(const at::Tensor& logits, const at::Tensor& indices) override {
+    return torchpatch::nn::softmax_of_top_k_scores_for(logits, indices);
+  }
+};
+
 void register_plugin(torchpatch::Registrar& registrar) {
   using torchpatch::PatchMapping;
   registrar.add_replacement<ReplayableTopKRouter>("ReplayableTopKRouter",
                                                   {PatchMapping::kind_key(torchpatch::block_kind::kRouter)});
   registrar.add_replacement<ReplayableGroupedTopKRouter>("ReplayableGroupedTopKRouter",
                                                          {PatchMapping::kind_key(torchpatch::block_kind::kGroupedRouter)});
+  registrar.add_replacement<ReplayableSoftmaxOfTopKRouter>(
+      "ReplayableSoftmaxOfTopKRouter", {PatchMapping::kind_key(torchpatch::block_kind::kSoftmaxOfTopKRouter)});
 }
 
 }  // namespace

@@ -115,7 +115,8 @@ at::Tensor PreNormDecoderLayer::forward_impl(const at::Tensor& hidden, const Att
 
 SparseMoeBlock::SparseMoeBlock(const BuildContext& ctx, const DecoderSpec& spec) {
   const auto& d = model_config(ctx).decoder;
-  gate = register_module("gate", build<roles::Router>(spec.router, ctx.child("gate")));
+  const auto& router = spec.experts_layout.router;
+  gate = register_module(router, build<roles::Router>(spec.router, ctx.child(router)));
   experts = register_module("experts", build<roles::Experts>(spec.experts, ctx.child("experts")));
   if (!spec.shared_expert.empty() && d.moe.shared_expert_intermediate_size > 0) {
     const nlohmann::json width{{"intermediate_size", d.moe.shared_expert_intermediate_size}};

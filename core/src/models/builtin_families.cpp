@@ -23,6 +23,7 @@ namespace olmo2 { Family family(); }
 namespace olmoe { Family family(); }
 namespace glm4_moe { Family family(); }
 namespace deepseek_v3 { Family family(); }
+namespace gpt_oss { Family family(); }
 
 namespace {
 
@@ -48,7 +49,7 @@ void add_builtin_families(FamilyRegistry& families) {
   for (auto family : {llama::family(), mistral::family(), qwen2::family(), qwen2_moe::family(), qwen3::family(),
                       qwen3_moe::family(), gemma::family(), gemma2::family(), gemma3::family(), mixtral::family(), smollm3::family(),
                       granite::family(), olmo2::family(), olmoe::family(), glm4_moe::family(), deepseek_v3::family(),
-                      bert::family()}) {
+                      gpt_oss::family(), bert::family()}) {
     families.add(std::move(family));
   }
 }

@@ -155,7 +155,7 @@ void read_layer_types(const json& j, const FieldReader& f, const DecoderTraits& 
   if (family.sliding == Sliding::kPattern) {
     d.sliding_window = read_window(j, f, family.defaults.sliding_window);
     if (read_layer_type_list(j, f, d, source)) return;
-    const int64_t pattern = f.positive("sliding_window_pattern", 6);
+    const int64_t pattern = f.positive("sliding_window_pattern", family.sliding_window_pattern);
     for (int64_t i = 0; d.sliding_window && i < d.num_hidden_layers; ++i) {
       if ((i + 1) % pattern != 0) d.layer_types[i] = kSlidingAttention;
     }

@@ -70,6 +70,21 @@ RouterOutput GroupedTopKRouter::forward_impl(const at::Tensor& hidden) {
   return {logits, grouped_scores_for(logits, indices, o.norm_topk_prob, o.routed_scaling_factor), indices};
 }
 
+SoftmaxOfTopKRouter::SoftmaxOfTopKRouter(const RouterOptions& o) : top_k(o.top_k) {
+  weight = register_parameter("weight", new_weight({o.num_experts, o.hidden_size}, o.hidden_size));
+  bias = register_parameter("bias", at::zeros({o.num_experts}));
+}
+
+at::Tensor softmax_of_top_k_scores_for(const at::Tensor& logits, const at::Tensor& indices) {
+  return at::softmax(logits.gather(-1, indices.to(at::kLong)), -1, logits.scalar_type());
+}
+
+RouterOutput SoftmaxOfTopKRouter::forward_impl(const at::Tensor& hidden) {
+  const auto logits = at::linear(hidden, weight, bias);  // [T, E]
+  const auto top = logits.topk(top_k, -1);              // largest first
+  return {logits, at::softmax(std::get<0>(top), -1, logits.scalar_type()), std::get<1>(top)};
+}
+
 // Experts ---------------------------------------------------------------------------------------
 
 FusedExperts::FusedExperts(const ExpertsOptions& o)

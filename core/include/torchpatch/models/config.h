@@ -188,6 +188,8 @@ struct TORCHPATCH_API DecoderTraits {
   bool fixed_head_dim = false;
   /// The config field naming the MLP activation ("hidden_act"; Gemma: "hidden_activation").
   std::string activation_field = "hidden_act";
+  /// kPattern without `layer_types` or `sliding_window_pattern`: every this-many-th layer is full.
+  int64_t sliding_window_pattern = 6;
   /// The config field giving each expert's width ("moe_intermediate_size"; Mixtral: "intermediate_size").
   std::string expert_width_field = "moe_intermediate_size";
 };

@@ -47,6 +47,7 @@ template <class Router>
 constexpr const char* router_kind() {
   if constexpr (std::is_base_of_v<nn::TopKRouter, Router>) return block_kind::kRouter;
   else if constexpr (std::is_base_of_v<nn::GroupedTopKRouter, Router>) return block_kind::kGroupedRouter;
+  else if constexpr (std::is_base_of_v<nn::SoftmaxOfTopKRouter, Router>) return block_kind::kSoftmaxOfTopKRouter;
   else return "";
 }
 

@@ -21,6 +21,7 @@ struct TORCHPATCH_API ExpertsLayout {
   /// sigmoid gate [1, H] scales it (Qwen2-MoE's `shared_expert_gate`).
   std::string shared = "shared_expert";
   bool shared_gate = true;
+  std::string router = "gate";  ///< the router's name in the block ("router": GPT-OSS)
 };
 
 /// A decoder family's class names: its patch-point keys and its model classes.

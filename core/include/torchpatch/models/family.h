@@ -48,6 +48,7 @@ inline constexpr const char* kExperts = "experts";                       ///< nn
 inline constexpr const char* kSparseBlock = "sparse_block";              ///< routed and shared experts, one reduction
 inline constexpr const char* kRouter = "router";                         ///< nn::TopKRouter (softmax top-k); runs whole
 inline constexpr const char* kGroupedRouter = "grouped_router";          ///< nn::GroupedTopKRouter (DeepSeek-style); runs whole
+inline constexpr const char* kSoftmaxOfTopKRouter = "softmax_of_top_k_router";  ///< nn::SoftmaxOfTopKRouter (GPT-OSS); runs whole
 }  // namespace block_kind
 
 struct TORCHPATCH_API Family {

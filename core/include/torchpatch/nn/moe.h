@@ -61,6 +61,23 @@ class TORCHPATCH_API GroupedTopKRouter : public roles::Router {
   RouterOutput forward_impl(const at::Tensor& hidden) override;
 };
 
+/// GPT-OSS's router: weight [E, H] and bias [E]; the k largest logits (largest first), then a softmax
+/// over those k alone.
+class TORCHPATCH_API SoftmaxOfTopKRouter : public roles::Router {
+ public:
+  explicit SoftmaxOfTopKRouter(const RouterOptions& options);
+
+  at::Tensor weight;  ///< [E, H]
+  at::Tensor bias;    ///< [E]
+  int64_t top_k;
+
+ protected:
+  RouterOutput forward_impl(const at::Tensor& hidden) override;
+};
+
+/// SoftmaxOfTopKRouter's weights for given expert choices: a softmax over logits[indices].
+TORCHPATCH_API at::Tensor softmax_of_top_k_scores_for(const at::Tensor& logits, const at::Tensor& indices);
+
 /// `XTopKRouter`: weight [E, H]; logits = hidden @ weight^T.
 class TORCHPATCH_API TopKRouter : public roles::Router {
  public:
