@@ -67,9 +67,9 @@ TEST_CASE("SequentialExperts loads the per-expert hub layout and matches the ref
     CHECK(params.contains("model.layers.0." + block + ".experts.7.down_proj.weight"));
     CHECK_FALSE(params.contains("model.layers.0." + block + ".experts.gate_up_proj"));
     const auto points = model->patch_points();
-    const auto experts = std::find_if(points.begin(), points.end(), [&](const PatchPoint& p) {
-      return p.path == "model.layers.0." + block + ".experts";
-    });
+    const std::string experts_path = "model.layers.0." + block + ".experts";  // clang: no binding in a lambda
+    const auto experts = std::find_if(points.begin(), points.end(),
+                                      [&experts_path](const PatchPoint& p) { return p.path == experts_path; });
     REQUIRE(experts != points.end());
     CHECK(experts->module->patch_record().rule == "kind key '{experts}'");
     at::NoGradGuard no_grad;

@@ -88,6 +88,47 @@ TEST_CASE("an exact key beats a pattern registered earlier", "[registry][matchin
   CHECK(mapping.find("MistralAttention")->rule() == "pattern '.*Attention'");
 }
 
+TEST_CASE("a kind key matches patch points of its kind: after the exact key, before the patterns", "[registry][matching]") {
+  const PatchMapping mapping({{".*Attention", other_attention()}, {"{attention}", test_attention()}});
+  // Only a patch point of that kind: the kind comes from the built-in class (ModuleClass::kind).
+  auto by_kind = mapping.find("MistralAttention", "", "attention");
+  REQUIRE(by_kind);
+  CHECK(by_kind->entry->cls.name == "TestAttention");
+  CHECK(by_kind->by_kind);
+  CHECK(by_kind->rule() == "kind key '{attention}'");
+  CHECK(mapping.find("Qwen3Attention", "", "qk_norm_attention")->entry->cls.name == "OtherAttention");  // the pattern
+  CHECK(found_class(mapping, "MistralAttention") == "OtherAttention");  // no kind given: patterns only
+  const PatchMapping exact({{"{attention}", test_attention()}, {"LlamaAttention", other_attention()}});
+  CHECK(exact.find("LlamaAttention", "", "attention")->entry->cls.name == "OtherAttention");
+  // A kind key is no regular expression: it never matches a class name as one.
+  const PatchMapping alone({{"{experts}", test_attention()}});
+  CHECK(found_class(alone, "Qwen2MoeExperts").empty());
+  CHECK(found_class(alone, "experts").empty());
+  CHECK(PatchMapping::is_kind_key("{grouped_router}"));
+  CHECK_FALSE(PatchMapping::is_kind_key("{Experts}"));
+  CHECK_FALSE(PatchMapping::is_kind_key("{}"));
+}
+
+TEST_CASE("a kind key replaces that block in every family whatever it is called", "[registry][matching]") {
+  // Llama's and Mistral's attention are both the plain grouped-query kind.
+  ScopedPatchMapping patch({{"{attention}", test_attention()}});
+  for (const char* preset : {"tiny-llama", "tiny-mistral", "tiny-granite"}) {
+    INFO(preset);
+    const auto model = preset_model(preset, 1);
+    int replaced = 0;
+    for (const auto& point : model->patch_points()) {
+      if (point.module->patch_record().class_name == "TestAttention") {
+        CHECK(point.module->patch_record().rule == "kind key '{attention}'");
+        ++replaced;
+      }
+    }
+    CHECK(replaced == 2);  // both layers
+  }
+  // Qwen3's attention is another kind (per-head q/k norm): untouched.
+  const auto qwen3 = preset_model("tiny-qwen3", 1);
+  for (const auto& point : qwen3->patch_points()) CHECK(point.module->patch_record().class_name != "TestAttention");
+}
+
 TEST_CASE("patterns search unanchored and anchors restrict", "[registry][matching]") {
   const PatchMapping mapping({{"Attention", test_attention()}});
   CHECK(found_class(mapping, "LlamaAttention") == "TestAttention");
