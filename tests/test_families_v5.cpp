@@ -17,25 +17,26 @@ std::shared_ptr<torchpatch::PretrainedModel> load(const Case& c, const std::stri
   return model;
 }
 
-}  // namespace
-
-TEST_CASE("qwen3_dense_v5: forward, generation, cli and save match the reference", "[qwen3][reference]") {
-  const Case c("qwen3_dense_v5");
-  const auto model = load(c, "Qwen3ForCausalLM");
+// The whole reference check of one case: forward, router outputs of `moe_layers` (MoE families),
+// generation, save bit for bit, and the CLI.
+void check_family(const std::string& name, const std::string& class_name, const std::vector<int64_t>& moe_layers = {}) {
+  const Case c(name);
+  const auto model = load(c, class_name);
   reference::check_forward(*model, c);
+  if (!moe_layers.empty()) reference::check_routing(*model, c, moe_layers);
   reference::check_generation(*model, c);
   reference::check_saves_checkpoint_bit_exactly(*model, c);
   reference::check_cli(c);
 }
 
+}  // namespace
+
+TEST_CASE("qwen3_dense_v5: forward, generation, cli and save match the reference", "[qwen3][reference]") {
+  check_family("qwen3_dense_v5", "Qwen3ForCausalLM");
+}
+
 TEST_CASE("mixtral_basic_v5: forward, routing, generation, cli and save match the reference", "[mixtral][reference]") {
-  const Case c("mixtral_basic_v5");
-  const auto model = load(c, "MixtralForCausalLM");
-  reference::check_forward(*model, c);
-  reference::check_routing(*model, c, {0, 1});
-  reference::check_generation(*model, c);
-  reference::check_saves_checkpoint_bit_exactly(*model, c);
-  reference::check_cli(c);
+  check_family("mixtral_basic_v5", "MixtralForCausalLM", {0, 1});
 }
 
 TEST_CASE("MoE families record and replay routes through their router kind", "[mixtral][olmoe][glm4_moe][deepseek_v3][gpt_oss][cli][moe]") {
@@ -62,77 +63,33 @@ TEST_CASE("MoE families record and replay routes through their router kind", "[m
 }
 
 TEST_CASE("smollm3_nope_v5: forward, generation, cli and save match the reference", "[smollm3][reference]") {
-  const Case c("smollm3_nope_v5");
-  const auto model = load(c, "SmolLM3ForCausalLM");
-  reference::check_forward(*model, c);
-  reference::check_generation(*model, c);
-  reference::check_saves_checkpoint_bit_exactly(*model, c);
-  reference::check_cli(c);
+  check_family("smollm3_nope_v5", "SmolLM3ForCausalLM");
 }
 
 TEST_CASE("granite_basic_v5: forward, generation, cli and save match the reference", "[granite][reference]") {
-  const Case c("granite_basic_v5");
-  const auto model = load(c, "GraniteForCausalLM");
-  reference::check_forward(*model, c);
-  reference::check_generation(*model, c);
-  reference::check_saves_checkpoint_bit_exactly(*model, c);
-  reference::check_cli(c);
+  check_family("granite_basic_v5", "GraniteForCausalLM");
 }
 
 TEST_CASE("olmo2_basic_v5: forward, generation, cli and save match the reference", "[olmo2][reference]") {
-  const Case c("olmo2_basic_v5");
-  const auto model = load(c, "Olmo2ForCausalLM");
-  reference::check_forward(*model, c);
-  reference::check_generation(*model, c);
-  reference::check_saves_checkpoint_bit_exactly(*model, c);
-  reference::check_cli(c);
+  check_family("olmo2_basic_v5", "Olmo2ForCausalLM");
 }
 
 TEST_CASE("olmoe_basic_v5: forward, routing, generation, cli and save match the reference", "[olmoe][reference]") {
-  const Case c("olmoe_basic_v5");
-  const auto model = load(c, "OlmoeForCausalLM");
-  reference::check_forward(*model, c);
-  reference::check_routing(*model, c, {0, 1});
-  reference::check_generation(*model, c);
-  reference::check_saves_checkpoint_bit_exactly(*model, c);
-  reference::check_cli(c);
+  check_family("olmoe_basic_v5", "OlmoeForCausalLM", {0, 1});
 }
 
 TEST_CASE("gemma3_text_v5: forward, generation, cli and save match the reference", "[gemma3][reference]") {
-  const Case c("gemma3_text_v5");
-  const auto model = load(c, "Gemma3ForCausalLM");
-  reference::check_forward(*model, c);
-  reference::check_generation(*model, c);
-  reference::check_saves_checkpoint_bit_exactly(*model, c);
-  reference::check_cli(c);
+  check_family("gemma3_text_v5", "Gemma3ForCausalLM");
 }
 
 TEST_CASE("glm4_moe_basic_v5: forward, routing, generation, cli and save match the reference", "[glm4_moe][reference]") {
-  const Case c("glm4_moe_basic_v5");
-  const auto model = load(c, "Glm4MoeForCausalLM");
-  reference::check_forward(*model, c);
-  reference::check_routing(*model, c, {1, 2});  // layer 0 is dense (first_k_dense_replace 1)
-  reference::check_generation(*model, c);
-  reference::check_saves_checkpoint_bit_exactly(*model, c);
-  reference::check_cli(c);
+  check_family("glm4_moe_basic_v5", "Glm4MoeForCausalLM", {1, 2});  // layer 0 is dense (first_k_dense_replace 1)
 }
 
 TEST_CASE("deepseek_v3_mla_v5: forward, routing, generation, cli and save match the reference", "[deepseek_v3][reference]") {
-  const Case c("deepseek_v3_mla_v5");
-  const auto model = load(c, "DeepseekV3ForCausalLM");
-  reference::check_forward(*model, c);
-  reference::check_routing(*model, c, {1, 2});  // layer 0 is dense (first_k_dense_replace 1)
-  reference::check_generation(*model, c);
-  reference::check_saves_checkpoint_bit_exactly(*model, c);
-  reference::check_cli(c);
+  check_family("deepseek_v3_mla_v5", "DeepseekV3ForCausalLM", {1, 2});  // layer 0 is dense (first_k_dense_replace 1)
 }
 
 TEST_CASE("gpt_oss_basic_v5: forward, routing, generation, cli and save match the reference", "[gpt_oss][reference]") {
-  const Case c("gpt_oss_basic_v5");
-  const auto model = load(c, "GptOssForCausalLM");
-  reference::check_forward(*model, c);
-  reference::check_routing(*model, c, {0, 1});
-  reference::check_generation(*model, c);
-  reference::check_saves_checkpoint_bit_exactly(*model, c);
-  reference::check_cli(c);
+  check_family("gpt_oss_basic_v5", "GptOssForCausalLM", {0, 1});
 }

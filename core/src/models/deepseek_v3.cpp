@@ -216,10 +216,7 @@ Family family() {
   family.parse_config = [traits](const nlohmann::json& j, const std::string& source) {
     auto config = parse_decoder_config(j, source, traits);
     ConfigReader f(j, source);
-    auto& moe = config.decoder.moe;
-    const int64_t shared = f.integer("n_shared_experts", 1);
-    if (shared < 0) f.fail(fmt::format("field 'n_shared_experts' must not be negative, got {}", shared));
-    moe.shared_expert_intermediate_size = shared * moe.moe_intermediate_size;
+    read_shared_experts(f, config.decoder.moe);
     config.fields = read_attention(f, config.decoder);
     return config;
   };

@@ -3,8 +3,6 @@
 // dense layers below `first_k_dense_replace`, then sparse blocks with the DeepSeek-style router
 // (sigmoid scores, e_score_correction_bias steering the choice, groups, routed_scaling_factor) and
 // `n_shared_experts` shared experts added ungated.
-#include <fmt/format.h>
-
 #include "torchpatch/error.h"
 #include "torchpatch/models/decoder_family.h"
 #include "torchpatch/nn/rms_norm.h"
@@ -103,11 +101,7 @@ Family family() {
   family.parse_config = [traits](const nlohmann::json& j, const std::string& source) {
     auto config = parse_decoder_config(j, source, traits);
     ConfigReader f(j, source);
-    auto& moe = config.decoder.moe;
-    // n_shared_experts experts of moe_intermediate_size each, run as one MLP that wide.
-    const int64_t shared = f.integer("n_shared_experts", 1);
-    if (shared < 0) f.fail(fmt::format("field 'n_shared_experts' must not be negative, got {}", shared));
-    moe.shared_expert_intermediate_size = shared * moe.moe_intermediate_size;
+    read_shared_experts(f, config.decoder.moe);
     config.decoder.qk_norm = f.boolean("use_qk_norm", false);
     return config;
   };

@@ -73,6 +73,14 @@ Family decoder_family(std::string model_type, const DecoderSpec& spec, DecoderTr
   return family;
 }
 
+/// DeepSeek's spelling of the shared experts (GLM-4.5, DeepSeek-V3): `n_shared_experts` (default 1)
+/// experts of moe_intermediate_size each, run as one MLP that wide, ungated.
+inline void read_shared_experts(const ConfigReader& f, MoeConfig& moe) {
+  const int64_t shared = f.integer("n_shared_experts", 1);
+  if (shared < 0) f.fail("field 'n_shared_experts' must not be negative, got " + std::to_string(shared));
+  moe.shared_expert_intermediate_size = shared * moe.moe_intermediate_size;
+}
+
 /// The conversion of a MoE family's experts: the per-expert hub weights (named as `layout` says) fused
 /// into nn::FusedExperts' stacked [E, ...] parameters, and back on save.
 inline checkpoint::ConversionRules experts_conversion(const ExpertsLayout& layout) {
