@@ -93,30 +93,53 @@ void check_generation(const std::string& name, int world) {
 TEST_CASE("two ranks match the reference on every decoder case, MoE expert choices and generated ids exactly", "[cli][dist]") {
   for (const char* name : {"llama_basic", "mistral_sliding_window", "gemma_basic", "phi3_fused", "qwen2_moe_basic",
                            "qwen3_moe_basic", "qwen3_dense_v5", "mixtral_basic_v5", "smollm3_nope_v5",
-                           "granite_basic_v5", "gemma3_text_v5", "glm4_moe_basic_v5"}) {
+                           "granite_basic_v5", "gemma3_text_v5", "glm4_moe_basic_v5", "olmo2_basic_v5",
+                           "olmoe_basic_v5"}) {
     check_case(name, 2);
     check_generation(name, 2);
   }
 }
 
-TEST_CASE("tp: a family whose attention does not split by head is refused, naming it and why", "[cli][dist]") {
-  // OLMo 2 and OLMoE normalise q and k over the whole projection: every head's norm needs all heads;
-  // DeepSeek-V3's latent attention shares one compressed key/value vector between its heads; GPT-OSS's
-  // sinks are not a block the tensor-parallel plugin splits yet.
-  struct Refused {
-    std::string name, family, attention, kind;
-  };
-  for (const auto& c : {Refused{"olmo2_basic_v5", "olmo2", "Olmo2Attention", "projection_qk_norm_attention"},
-                        Refused{"olmoe_basic_v5", "olmoe", "OlmoeAttention", "projection_qk_norm_attention"},
-                        Refused{"deepseek_v3_mla_v5", "deepseek_v3", "DeepseekV3Attention", "latent_attention"},
-                        Refused{"gpt_oss_basic_v5", "gpt_oss", "GptOssAttention", "sink_attention"}}) {
-    const auto ranks = run_cli_group(2, "run --model " + (testutil::data_dir() / c.name).string() + " --prompt-ids 1,2,3");
+namespace {
+struct Refused {
+  std::string name, family, attention, kind;
+  std::string message() const {
+    return "its attention " + attention + " (family " + family + ") does not split between processes (the "
+           "tensor-parallel plugin has no class for its kind '" + kind + "')";
+  }
+};
+// DeepSeek-V3's latent attention shares one compressed key/value vector between its heads; GPT-OSS's
+// sinks are not a block the tensor-parallel plugin splits yet.
+const std::vector<Refused> kRefused{{"deepseek_v3_mla_v5", "deepseek_v3", "DeepseekV3Attention", "latent_attention"},
+                                    {"gpt_oss_basic_v5", "gpt_oss", "GptOssAttention", "sink_attention"}};
+}  // namespace
+
+TEST_CASE("tp: a family whose attention does not split is refused once, before any rank starts", "[cli][dist]") {
+  for (const auto& c : kRefused) {
+    const auto result = torchpatch_cli("run --tp 2 --model " + (data_dir() / c.name).string() + " --prompt-ids 1,2,3");
+    INFO(result.out);
+    CHECK(result.code == 1);
+    const auto message = c.message();
+    const auto first = result.out.find(message);
+    CHECK(first != std::string::npos);
+    CHECK(result.out.find(message, first + 1) == std::string::npos);  // once
+    CHECK_THAT(result.out, Contains("run it without --tp"));
+    CHECK(result.out.find("rank") == std::string::npos);  // the launcher's report of ranks: none started
+  }
+  // A preset is looked up the same way.
+  const auto preset = torchpatch_cli("generate --tp 2 --preset tiny-gpt-oss --prompt-ids 1,2 --max-new-tokens 1");
+  INFO(preset.out);
+  CHECK(preset.code == 1);
+  CHECK_THAT(preset.out, Contains(kRefused[1].message()));
+}
+
+TEST_CASE("tp: ranks started by another launcher refuse such a family themselves", "[cli][dist]") {
+  for (const auto& c : kRefused) {
+    const auto ranks = run_cli_group(2, "run --model " + (data_dir() / c.name).string() + " --prompt-ids 1,2,3");
     for (const auto& rank : ranks) {
       INFO(rank.out);
       CHECK(rank.code == 1);
-      CHECK_THAT(rank.out, Contains("its attention " + c.attention + " (family " + c.family +
-                                    ") does not split between processes (the tensor-parallel plugin has no class "
-                                    "for its kind '" + c.kind + "')"));
+      CHECK_THAT(rank.out, Contains(c.message()));
       CHECK_THAT(rank.out, Contains("run it without --tp"));
     }
   }
@@ -277,8 +300,9 @@ TEST_CASE("a master port in use under --tp, and bad --tp values, are clear error
 }
 
 TEST_CASE("save --tp gathers every rank's slices and experts into the hub layout, bit for bit", "[cli][dist]") {
-  const std::vector<std::pair<std::string, int>> runs{{"llama_basic", 2}, {"phi3_fused", 2}, {"qwen2_moe_basic", 2},
-                                                      {"qwen3_moe_basic", 2}, {"llama_basic", 4}, {"phi3_fused", 4}};
+  const std::vector<std::pair<std::string, int>> runs{{"llama_basic", 2},     {"phi3_fused", 2}, {"qwen2_moe_basic", 2},
+                                                      {"qwen3_moe_basic", 2}, {"olmo2_basic_v5", 2}, {"llama_basic", 4},
+                                                      {"phi3_fused", 4}};
   for (const auto& [name, world] : runs) {  // four ranks: each key/value head held by two ranks
     INFO(name << " over " << world << " ranks");
     const auto out = temp_file(name + "-tp-saved");
@@ -299,25 +323,33 @@ TEST_CASE("save --tp gathers every rank's slices and experts into the hub layout
   }
 }
 
-TEST_CASE("Gemma2 (no reference case) split over two ranks matches one process", "[cli][dist]") {
-  const auto one = temp_file("gemma2-one.safetensors"), two = temp_file("gemma2-tp2.safetensors");
-  // 14 tokens: past tiny-gemma2's sliding window of 8 on its even layers
-  const std::string run = "run --preset tiny-gemma2 --prompt-ids 5,6,7,8,9,10,11,12,13,14,15,16,17,18 --hidden-states --output ";
-  auto r = torchpatch_cli(run + one.string());
-  INFO(r.out);
-  REQUIRE(r.code == 0);
-  r = torchpatch_cli(run + two.string() + " --tp 2");
-  INFO(r.out);
-  REQUIRE(r.code == 0);
-  CHECK_THAT(r.out, Contains("TensorParallelAttention"));
-  const auto a = torchpatch::checkpoint::SafetensorsFile::open(one), b = torchpatch::checkpoint::SafetensorsFile::open(two);
-  for (const char* name : {"logits", "hidden_states"}) {
-    const double diff = (a->tensor(name) - b->tensor(name)).abs().max().item<double>();
-    std::cout << "tiny-gemma2 tp2 against one process, " << name << ": max abs diff = " << diff << "\n";
-    CHECK(diff < 1e-4);
+TEST_CASE("presets without a reference case split over ranks match one process", "[cli][dist]") {
+  struct Split {
+    std::string preset, ids, attention;
+    int world;
+  };
+  // tiny-gemma2: 14 tokens, past its sliding window of 8 on its even layers. tiny-olmo2 over four
+  // ranks: its two key/value heads each held by two ranks, whose squares its k norm counts once.
+  for (const auto& c : {Split{"tiny-gemma2", "5,6,7,8,9,10,11,12,13,14,15,16,17,18", "TensorParallelAttention", 2},
+                        Split{"tiny-olmo2", "5,6,7,8,9,10", "TensorParallelProjectionQkNormAttention", 4}}) {
+    const auto one = temp_file(c.preset + "-one.safetensors"), split = temp_file(c.preset + "-split.safetensors");
+    const std::string run = "run --preset " + c.preset + " --prompt-ids " + c.ids + " --hidden-states --output ";
+    auto r = torchpatch_cli(run + one.string());
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    r = torchpatch_cli(run + split.string() + " --tp " + std::to_string(c.world));
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    CHECK_THAT(r.out, Contains(c.attention));
+    const auto a = torchpatch::checkpoint::SafetensorsFile::open(one), b = torchpatch::checkpoint::SafetensorsFile::open(split);
+    for (const char* name : {"logits", "hidden_states"}) {
+      const double diff = (a->tensor(name) - b->tensor(name)).abs().max().item<double>();
+      std::cout << c.preset << " tp" << c.world << " against one process, " << name << ": max abs diff = " << diff << "\n";
+      CHECK(diff < 1e-4);
+    }
+    std::filesystem::remove(one);
+    std::filesystem::remove(split);
   }
-  std::filesystem::remove(one);
-  std::filesystem::remove(two);
 }
 
 TEST_CASE("verify --tp compares the split model with the whole one", "[cli][dist]") {
@@ -361,7 +393,8 @@ TEST_CASE("routing replay --tp: the loss and the router gradient of one process"
   // still take part in every all-reduce.
   const std::vector<std::tuple<std::string, std::string, int>> runs{
       {"qwen2_moe_basic", "3,1,4,1,5,9,2,6", 2}, {"qwen3_moe_basic", "3,1,4,1,5,9,2,6", 2},
-      {"qwen2_moe_basic", "3,1", 4}, {"qwen3_moe_basic", "7,2", 4}};
+      {"qwen2_moe_basic", "3,1", 4}, {"qwen3_moe_basic", "7,2", 4},
+      {"olmoe_basic_v5", "3,1,4,1,5,9,2,6", 2}};  // its q/k norms' squares summed over the ranks, and their gradients
   for (const auto& [name, ids, world] : runs) {
     INFO(name << " over " << world << " ranks");
     const auto routes = temp_file(name + "-replay-routes.npy");

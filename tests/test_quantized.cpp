@@ -155,29 +155,32 @@ TEST_CASE("quantized decoder families stay close to the float reference", "[quan
 TEST_CASE("MoE experts are quantized per expert, not left in float", "[quant][moe]") {
   struct MoeCase {
     std::string name, block, layer;  // the sparse block's name and a sparse layer
+    std::string experts_class = "Q4_0Experts", router = "gate";
+    bool hub_transposed = false;  // GPT-OSS holds its experts [E, in, out]
   };
-  for (const auto& [name, block, layer] : {MoeCase{"qwen2_moe_basic", "mlp", "0"}, MoeCase{"qwen3_moe_basic", "mlp", "0"},
-                                           MoeCase{"mixtral_basic_v5", "block_sparse_moe", "0"},
-                                           MoeCase{"olmoe_basic_v5", "mlp", "0"}, MoeCase{"glm4_moe_basic_v5", "mlp", "1"},
-                                           MoeCase{"deepseek_v3_mla_v5", "mlp", "1"}}) {
+  for (const auto& c : {MoeCase{"qwen2_moe_basic", "mlp", "0"}, MoeCase{"qwen3_moe_basic", "mlp", "0"},
+                        MoeCase{"mixtral_basic_v5", "block_sparse_moe", "0"}, MoeCase{"olmoe_basic_v5", "mlp", "0"},
+                        MoeCase{"glm4_moe_basic_v5", "mlp", "1"}, MoeCase{"deepseek_v3_mla_v5", "mlp", "1"},
+                        MoeCase{"gpt_oss_basic_v5", "mlp", "1", "Q4_0ClampedSwigluExperts", "router", true}}) {
     auto options = quantized("q4_0");
     // DeepSeek-V3's query bottleneck is 48 wide, not a multiple of the 32-weight blocks.
-    if (name == "deepseek_v3_mla_v5") options.config_overrides["quantization_config"]["modules_to_not_convert"].push_back("q_b_proj");
-    const auto model = load_case(name, options);
-    const auto float_model = load_case(name);
+    if (c.name == "deepseek_v3_mla_v5") options.config_overrides["quantization_config"]["modules_to_not_convert"].push_back("q_b_proj");
+    const auto model = load_case(c.name, options);
+    const auto float_model = load_case(c.name);
     const auto points = points_by_path(*model);
-    const auto prefix = "model.layers." + layer + "." + block;
+    const auto prefix = "model.layers." + c.layer + "." + c.block;
     const auto& experts = points.at(prefix + ".experts");
-    CHECK(experts->patch_record().class_name == "Q4_0Experts");
+    CHECK(experts->patch_record().class_name == c.experts_class);
     for (const char* weight : {"gate_up_proj", "down_proj"}) {
       const std::string key = prefix + ".experts." + weight;
-      INFO(name << " " << key);
-      CHECK(at::equal(gguf_blocks(*model, key, QuantFormat::kQ4_0),
-                      nn::quantize(QuantFormat::kQ4_0, parameter(*float_model, key), key)));
+      INFO(c.name << " " << key);
+      auto float_weight = parameter(*float_model, key);
+      if (c.hub_transposed) float_weight = float_weight.transpose(-1, -2).contiguous();
+      CHECK(at::equal(gguf_blocks(*model, key, QuantFormat::kQ4_0), nn::quantize(QuantFormat::kQ4_0, float_weight, key)));
     }
     // Routers stay in float, as llama.cpp keeps them.
-    CHECK(parameter(*model, prefix + ".gate.weight").scalar_type() == at::kFloat);
-    if (name == "qwen2_moe_basic") {
+    CHECK(parameter(*model, prefix + "." + c.router + ".weight").scalar_type() == at::kFloat);
+    if (c.name == "qwen2_moe_basic") {
       const auto& gate = points.at("model.layers.0.mlp.shared_expert_gate");
       CHECK(gate->patch_record().class_name == "Linear");
       CHECK_THAT(gate->patch_record().passed_over, Contains("excludes it by 'shared_expert_gate'"));
@@ -185,8 +188,39 @@ TEST_CASE("MoE experts are quantized per expert, not left in float", "[quant][mo
   }
 }
 
+TEST_CASE("GPT-OSS's quantized experts compute its clamped SwiGLU on their blocks' weights", "[quant][moe]") {
+  // The model is too sharp for the accuracy bounds above (its logits move by a sixth under Q8_0), so
+  // the quantized block is checked against the float block holding the dequantized weights: the
+  // same function of the same numbers, up to the kernels' quantized activations.
+  for (const auto& [format_name, format] :
+       {std::pair<std::string, QuantFormat>{"q8_0", QuantFormat::kQ8_0}, {"q4_0", QuantFormat::kQ4_0}}) {
+    const auto model = load_case("gpt_oss_basic_v5", quantized(format_name));
+    const auto float_model = load_case("gpt_oss_basic_v5");
+    const std::string prefix = "model.layers.0.mlp.experts";
+    const auto quantized_experts = std::dynamic_pointer_cast<roles::Experts>(points_by_path(*model).at(prefix));
+    const auto float_experts = std::dynamic_pointer_cast<roles::Experts>(points_by_path(*float_model).at(prefix));
+    REQUIRE(quantized_experts);
+    REQUIRE(float_experts);
+    for (const char* weight : {"gate_up_proj", "down_proj"}) {
+      const auto key = prefix + "." + weight;
+      const auto dequantized = nn::dequantize(format, gguf_blocks(*model, key, format), key).transpose(-1, -2);
+      at::NoGradGuard no_grad;
+      parameter(*float_model, key).copy_(dequantized);
+    }
+    at::manual_seed(3);
+    const auto hidden = at::randn({5, 64});
+    const auto indices = at::tensor({0, 3, 1, 2, 7, 0, 5, 6, 3, 4}, at::kLong).view({5, 2});
+    const auto weights = at::rand({5, 2});
+    at::NoGradGuard no_grad;
+    const auto expected = float_experts->forward(hidden, indices, weights);
+    const auto got = quantized_experts->forward(hidden, indices, weights);
+    // Q8_0 activations are rounded to 1/127 of each block's largest value, Q4_0's weights' kernel too.
+    CHECK(testutil::close("gpt_oss experts " + format_name, got, expected, at::Tensor(), 0.03, 0.03));
+  }
+}
+
 TEST_CASE("a quantized model saves as blocks and loads back bit for bit", "[quant][checkpoint]") {
-  for (const std::string name : {"llama_basic", "qwen2_moe_basic", "mixtral_basic_v5"}) {
+  for (const std::string name : {"llama_basic", "qwen2_moe_basic", "mixtral_basic_v5", "gpt_oss_basic_v5"}) {
     const auto model = load_case(name, quantized("q4_0"));
     testutil::ScratchDir dir("quantized-save-" + name);
     checkpoint::save_pretrained(*model, dir.path);

@@ -141,7 +141,8 @@ OptionSpec tp_option() {
           "expert parallelism over c10d/Gloo on loopback; rank 0 prints; under torchrun leave it out)"};
 }
 
-std::optional<int> launch_ranks(const std::string& command, std::vector<std::string>& args, bool debug) {
+std::optional<int> launch_ranks(const std::string& command, std::vector<std::string>& args, bool debug,
+                                const std::function<void(const std::vector<std::string>&)>& before_start) {
   for (const auto& arg : args) {
     if (arg == "--help" || arg == "-h") return std::nullopt;  // the command prints its help, --tp included
   }
@@ -150,6 +151,7 @@ std::optional<int> launch_ranks(const std::string& command, std::vector<std::str
   if (std::getenv("RANK") != nullptr || std::getenv("WORLD_SIZE") != nullptr) {
     throw UsageError("--tp starts its own processes; under a launcher that sets RANK and WORLD_SIZE, leave it out");
   }
+  if (before_start) before_start(args);
   int port = 0;
   if (const char* given = std::getenv("MASTER_PORT"); given != nullptr && *given != '\0') {
     port = std::atoi(given);

@@ -1,6 +1,7 @@
 // --tp N: this program started N times as the ranks of one process group on loopback.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,6 +19,9 @@ OptionSpec tp_option();
 /// succeeded, else the first failed rank's. When a rank fails, the message names it and the others
 /// get a few seconds to stop on their own before they are stopped; an interrupt stops them all.
 /// Without --tp, or with --tp 1 (removed from `args`): nullopt, the command runs in this process.
-std::optional<int> launch_ranks(const std::string& command, std::vector<std::string>& args, bool debug);
+/// `before_start` sees the arguments (minus --tp) before any rank starts; what it throws ends the
+/// launch, said once.
+std::optional<int> launch_ranks(const std::string& command, std::vector<std::string>& args, bool debug,
+                                const std::function<void(const std::vector<std::string>&)>& before_start = {});
 
 }  // namespace torchpatch::cli

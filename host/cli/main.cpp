@@ -8,6 +8,7 @@
 #include "args.h"
 #include "commands.h"
 #include "launch.h"
+#include "session.h"
 #include "torchpatch/error.h"
 #include "torchpatch/printable.h"
 
@@ -62,7 +63,7 @@ int main(int argc, char** argv) {
   try {
     if (command == "run" || command == "generate" || command == "bench" || command == "save" ||
         command == "verify" || command == "routing") {
-      if (const auto code = launch_ranks(command, rest, debug)) return *code;
+      if (const auto code = launch_ranks(command, rest, debug, refuse_unsplit_before_launch)) return *code;
     }
     if (command == "plugins") return cmd_plugins(rest);
     if (command == "plan") return cmd_plan(rest);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -15,6 +16,7 @@
 #include "torchpatch/dist/process_group.h"
 #include "torchpatch/models/family.h"
 #include "torchpatch/error.h"
+#include "torchpatch/json_file.h"
 #include "torchpatch/nn/quant.h"
 #include "torchpatch/runtime/auto.h"
 #include "torchpatch/patching/build.h"
@@ -162,6 +164,7 @@ const std::map<std::string, std::string>& parallel_classes() {
   static const std::map<std::string, std::string> classes{
       {block_kind::kAttention, "TensorParallelAttention"},
       {block_kind::kQkNormAttention, "TensorParallelQkNormAttention"},
+      {block_kind::kProjectionQkNormAttention, "TensorParallelProjectionQkNormAttention"},
       {block_kind::kFusedQkvAttention, "TensorParallelFusedQkvAttention"},
       {block_kind::kMlp, "TensorParallelMLP"},
       {block_kind::kFusedMlp, "TensorParallelFusedMLP"},
@@ -214,6 +217,61 @@ void require_split_attention(const BuiltModel& built, const Registries& registri
   }
 }
 }  // namespace
+
+namespace {
+// `--name VALUE` or `--name=VALUE` among the command's arguments, before any "--".
+std::optional<std::string> raw_option(const std::vector<std::string>& args, const std::string& name) {
+  for (auto it = args.begin(); it != args.end() && *it != "--"; ++it) {
+    if (*it == name && it + 1 != args.end()) return *(it + 1);
+    if (it->rfind(name + "=", 0) == 0) return it->substr(name.size() + 1);
+  }
+  return std::nullopt;
+}
+
+// The built-in family a --model directory or --preset names; nullptr when that is for the ranks to
+// find out (a plugin's family, a file that does not read: each rank then says so).
+std::shared_ptr<const Family> family_named_by(const std::vector<std::string>& args) {
+  const auto& families = global_families();
+  if (const auto preset = raw_option(args, "--preset")) {
+    for (const auto& family : families.all()) {
+      for (const auto& [name, config] : family->presets) {
+        if (name == *preset) return family;
+      }
+    }
+    return nullptr;
+  }
+  const auto model = raw_option(args, "--model");
+  if (!model) return nullptr;
+  const auto file = std::filesystem::path(*model) / "config.json";
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(file, error)) return nullptr;
+  try {
+    const auto config = read_json_file(file, [](const std::string& message) { throw ConfigError(message); });
+    const auto type = config.is_object() ? config.find("model_type") : config.end();
+    if (type == config.end() || !type->is_string()) return nullptr;
+    return families.find(type->get<std::string>());
+  } catch (const ConfigError&) {
+    return nullptr;
+  }
+}
+}  // namespace
+
+void refuse_unsplit_before_launch(const std::vector<std::string>& args) {
+  // A --patch or a plugin directory may give the attention a class of its own: the ranks decide.
+  for (const char* option : {"--patch", "--plugin-dir", "--class"}) {
+    if (raw_option(args, option)) return;
+  }
+  const auto family = family_named_by(args);
+  if (!family || !family->decoder) return;
+  const auto kind = family->kind_of(family->decoder->attention);
+  if (parallel_classes().count(kind)) return;
+  throw ConfigError(fmt::format("{}: its attention {} (family {}) does not split between processes ({}); the "
+                                "families that split: {}; run it without --tp",
+                                family->default_class, family->decoder->attention, family->model_type,
+                                kind.empty() ? "it is no shared block the tensor-parallel plugin knows"
+                                             : "the tensor-parallel plugin has no class for its kind '" + kind + "'",
+                                splitting_families(global_families())));
+}
 
 std::optional<ScopedPatchMapping> parallel_patches(PluginHost& host) {
   if (!process_group()) return std::nullopt;

@@ -58,6 +58,11 @@ std::shared_ptr<dist::ProcessGroup> process_group();
 /// (build_model opens it itself); nullopt outside a group.
 std::optional<ScopedPatchMapping> parallel_patches(PluginHost& host);
 
+/// Before --tp starts its ranks: a built-in family (of --model's config.json or --preset) whose
+/// attention does not split is refused here, once, as ConfigError naming the family and why. Nothing
+/// is refused when --patch or --plugin-dir may give the attention another class (the ranks decide).
+void refuse_unsplit_before_launch(const std::vector<std::string>& args);
+
 /// In a group, makes generation take rank 0's tokens on every rank (a broadcast per step), so ranks
 /// agree on sampled tokens whatever their random states; nothing outside a group.
 void agree_with_rank_zero(GenerationConfig& config);

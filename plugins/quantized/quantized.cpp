@@ -6,8 +6,9 @@
 //                            "module_formats": {"lm_head": "q8_0"}}
 //
 // Every Linear patch point becomes Q8_0Linear / Q4_0Linear (module_formats picks another format by
-// module path, modules_to_not_convert keeps a projection in float), the fused experts of Qwen2-MoE
-// and Qwen3-MoE become Q8_0Experts / Q4_0Experts (each expert quantized along its input dimension).
+// module path, modules_to_not_convert keeps a projection in float), the fused experts (the `experts`
+// kind) become Q8_0Experts / Q4_0Experts and GPT-OSS's (`clamped_swiglu_experts`)
+// Q8_0ClampedSwigluExperts / Q4_0ClampedSwigluExperts, each expert quantized along its input dimension.
 // Routers, norms and embeddings are not Linear patch points and stay in float. Float weights are
 // quantized one tensor at a time as they load (the classes' conversion rules); a quantized
 // checkpoint's blocks load as they are. Either way the blocks are then laid out for this CPU's kernels
@@ -35,10 +36,11 @@ constexpr const char* kMethod = "ggml";
 // -- conversion ops -------------------------------------------------------------------------------------
 
 // Float weights [..., in] -> blocks [..., in / 32 * bytes]; blocks (uint8) pass as they are, so a
-// quantized checkpoint loads through the same rule (the loader checks their shape).
+// quantized checkpoint loads through the same rule (the loader checks their shape). `transposed`:
+// the float weights are [..., in, out] (GPT-OSS's experts), quantized as [..., out, in].
 class QuantizeOp : public checkpoint::ConversionOp {
  public:
-  explicit QuantizeOp(QuantFormat format) : format_(format) {}
+  explicit QuantizeOp(QuantFormat format, bool transposed = false) : format_(format), transposed_(transposed) {}
   std::string name() const override { return fmt::format("Quantize({})", torchpatch::nn::format_name(format_)); }
   checkpoint::PatternTensors convert(checkpoint::PatternTensors inputs, const std::vector<std::string>&,
                                      const std::vector<std::string>& targets) const override;
@@ -47,37 +49,49 @@ class QuantizeOp : public checkpoint::ConversionOp {
 
  private:
   QuantFormat format_;
+  bool transposed_;
 };
 
 // Blocks -> float32 weights (saving the hub layout).
 class DequantizeOp : public checkpoint::ConversionOp {
  public:
-  explicit DequantizeOp(QuantFormat format) : format_(format) {}
+  explicit DequantizeOp(QuantFormat format, bool transposed) : format_(format), transposed_(transposed) {}
   std::string name() const override { return fmt::format("Dequantize({})", torchpatch::nn::format_name(format_)); }
   checkpoint::PatternTensors convert(checkpoint::PatternTensors inputs, const std::vector<std::string>&,
                                      const std::vector<std::string>& targets) const override {
     auto& tensors = inputs.at(0).second;
-    for (auto& t : tensors) t = torchpatch::nn::dequantize(format_, t, targets.at(0));
+    for (auto& t : tensors) {
+      t = torchpatch::nn::dequantize(format_, t, targets.at(0));
+      if (transposed_) t = t.transpose(-1, -2).contiguous();
+    }
     return {{targets.at(0), std::move(tensors)}};
   }
-  std::shared_ptr<checkpoint::ConversionOp> reverse() const override { return std::make_shared<QuantizeOp>(format_); }
+  std::shared_ptr<checkpoint::ConversionOp> reverse() const override {
+    return std::make_shared<QuantizeOp>(format_, transposed_);
+  }
 
  private:
   QuantFormat format_;
+  bool transposed_;
 };
 
 checkpoint::PatternTensors QuantizeOp::convert(checkpoint::PatternTensors inputs, const std::vector<std::string>&,
                                                const std::vector<std::string>& targets) const {
   auto& tensors = inputs.at(0).second;
   for (auto& t : tensors) {
-    if (t.scalar_type() != at::kByte) t = torchpatch::nn::quantize(format_, t, targets.at(0));
+    if (t.scalar_type() == at::kByte) continue;
+    t = torchpatch::nn::quantize(format_, transposed_ ? t.transpose(-1, -2).contiguous() : t, targets.at(0));
   }
   return {{targets.at(0), std::move(tensors)}};
 }
 
-std::shared_ptr<checkpoint::ConversionOp> QuantizeOp::reverse() const { return std::make_shared<DequantizeOp>(format_); }
+std::shared_ptr<checkpoint::ConversionOp> QuantizeOp::reverse() const {
+  return std::make_shared<DequantizeOp>(format_, transposed_);
+}
 
-checkpoint::OpPtr quantize_op(QuantFormat format) { return std::make_shared<QuantizeOp>(format); }
+checkpoint::OpPtr quantize_op(QuantFormat format, bool transposed = false) {
+  return std::make_shared<QuantizeOp>(format, transposed);
+}
 
 // GGUF blocks -> the layout this CPU's kernels read fastest (nn::preferred_quant_layout: kRows16 with
 // AVX-512 VNNI), and back. Not an encoding: saving always unpacks, so files hold GGUF's blocks. A
@@ -247,6 +261,65 @@ checkpoint::ConversionRules experts_rules(QuantFormat format, const torchpatch::
           WeightConverter{{"down_proj"}, {"down_proj"}, {quantize_op(format), repack_op(format)}}};
 }
 
+// GPT-OSS's experts (nn::ClampedSwigluExperts): the hub's gate_up_proj [E, H, 2*Im] and down_proj
+// [E, Im, H] quantized along their input dimension (held [E, 2*Im, H] and [E, H, Im] in blocks, gate
+// and up still interleaved by row), their biases and the clamped SwiGLU as they are.
+template <QuantFormat F>
+class QuantizedClampedSwigluExperts : public torchpatch::roles::Experts {
+ public:
+  explicit QuantizedClampedSwigluExperts(const BuildContext& ctx)
+      : options_(torchpatch::clamped_swiglu_experts_options(torchpatch::model_config(ctx).decoder)) {
+    const auto e = options_.num_experts, h = options_.hidden_size, i = options_.intermediate_size;
+    check_quantizable(F, h, ctx.path + ".gate_up_proj");
+    check_quantizable(F, i, ctx.path + ".down_proj");
+    gate_up_proj = register_parameter("gate_up_proj", new_blocks(F, {e, 2 * i, h}, ctx.path + ".gate_up_proj"), false);
+    gate_up_proj_bias = register_parameter("gate_up_proj_bias", torchpatch::nn::new_parameter({e, 2 * i}, true));
+    down_proj = register_parameter("down_proj", new_blocks(F, {e, h, i}, ctx.path + ".down_proj"), false);
+    down_proj_bias = register_parameter("down_proj_bias", torchpatch::nn::new_parameter({e, h}, true));
+  }
+  TORCHPATCH_KEEP_BLOCKS_ON_DTYPE_CHANGE
+
+  at::Tensor gate_up_proj;       ///< uint8 [E, 2*Im, H / 32 * block bytes], in nn::preferred_quant_layout()
+  at::Tensor gate_up_proj_bias;  ///< float [E, 2*Im]
+  at::Tensor down_proj;          ///< uint8 [E, H, Im / 32 * block bytes]
+  at::Tensor down_proj_bias;     ///< float [E, H]
+
+ protected:
+  at::Tensor forward_impl(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights) override {
+    const auto i = options_.intermediate_size;
+    const torchpatch::nn::ExpertProjections projections{
+        [&](int64_t e, const at::Tensor& x) {
+          return torchpatch::nn::quant_linear(F, x, gate_up_proj[e], 2 * i, gate_up_proj_bias[e].to(at::kFloat), layout_);
+        },
+        [&](int64_t e, const at::Tensor& x) {
+          return torchpatch::nn::quant_linear(F, x, down_proj[e], options_.hidden_size, down_proj_bias[e].to(at::kFloat),
+                                              layout_);
+        },
+        [&](const at::Tensor& gate_up) { return torchpatch::nn::clamped_swiglu(gate_up, options_.limit, options_.alpha); }};
+    return in_float(hidden, [&](const at::Tensor& h32) {
+      return torchpatch::nn::grouped_experts(h32, indices, weights.to(at::kFloat), options_.num_experts,
+                                             torchpatch::nn::Activation::kSilu, projections);
+    });
+  }
+  int64_t expert_count() const override { return options_.num_experts; }
+
+ private:
+  void convert_float_parts(torch::Dtype dtype, bool non_blocking) {
+    gate_up_proj_bias.set_data(gate_up_proj_bias.to(dtype, non_blocking));
+    down_proj_bias.set_data(down_proj_bias.to(dtype, non_blocking));
+  }
+  const torchpatch::nn::QuantLayout layout_ = torchpatch::nn::preferred_quant_layout();
+  torchpatch::nn::ClampedSwigluExpertsOptions options_;
+};
+
+// The hub's fused [.., in, out] weights, quantized as [.., out, in] as they load.
+checkpoint::ConversionRules clamped_swiglu_experts_rules(QuantFormat format) {
+  using namespace checkpoint;
+  // Anchored both ways: the biases beside them (gate_up_proj_bias) stay as they are.
+  return {WeightConverter{{"gate_up_proj$"}, {"gate_up_proj$"}, {quantize_op(format, true), repack_op(format)}},
+          WeightConverter{{"down_proj$"}, {"down_proj$"}, {quantize_op(format, true), repack_op(format)}}};
+}
+
 // -- the "ggml" quantization method --------------------------------------------------------------------
 
 template <QuantFormat F>
@@ -283,9 +356,24 @@ std::vector<std::string> string_list(const nlohmann::json& config, const char* f
                                 it->dump()));
 }
 
-torchpatch::ModuleClass of_format(QuantFormat format, bool experts) {
-  if (experts) return format == QuantFormat::kQ8_0 ? experts_class<QuantFormat::kQ8_0>() : experts_class<QuantFormat::kQ4_0>();
-  return format == QuantFormat::kQ8_0 ? linear_class<QuantFormat::kQ8_0>() : linear_class<QuantFormat::kQ4_0>();
+template <QuantFormat F>
+torchpatch::ModuleClass clamped_swiglu_experts_class() {
+  return torchpatch::module_class<QuantizedClampedSwigluExperts<F>>(F == QuantFormat::kQ8_0 ? "Q8_0ClampedSwigluExperts"
+                                                                                             : "Q4_0ClampedSwigluExperts");
+}
+
+/// What each format replaces: a Linear, nn::FusedExperts, nn::ClampedSwigluExperts.
+enum class Replaced { kLinear, kExperts, kClampedSwigluExperts };
+
+torchpatch::ModuleClass of_format(QuantFormat format, Replaced what) {
+  const bool q8 = format == QuantFormat::kQ8_0;
+  switch (what) {
+    case Replaced::kExperts: return q8 ? experts_class<QuantFormat::kQ8_0>() : experts_class<QuantFormat::kQ4_0>();
+    case Replaced::kClampedSwigluExperts:
+      return q8 ? clamped_swiglu_experts_class<QuantFormat::kQ8_0>() : clamped_swiglu_experts_class<QuantFormat::kQ4_0>();
+    case Replaced::kLinear: break;
+  }
+  return q8 ? linear_class<QuantFormat::kQ8_0>() : linear_class<QuantFormat::kQ4_0>();
 }
 
 // {"Linear": the format's class (minus what is kept in float or given another format), "^Linear$":
@@ -306,22 +394,26 @@ torchpatch::PatchMapping::Items ggml_patches(const nlohmann::json& config) {
   }
   auto main_excludes = keep;
   main_excludes.insert(main_excludes.end(), other_paths.begin(), other_paths.end());
-  torchpatch::PatchMapping::Items items{{"Linear", torchpatch::with_paths(of_format(format, false), {}, main_excludes)}};
-  if (other) items.emplace_back("^Linear$", torchpatch::with_paths(of_format(*other, false), other_paths, keep));
-  items.emplace_back(torchpatch::PatchMapping::kind_key(torchpatch::block_kind::kExperts),
-                     torchpatch::with_paths(of_format(format, true), {}, keep));
+  torchpatch::PatchMapping::Items items{{"Linear", torchpatch::with_paths(of_format(format, Replaced::kLinear), {}, main_excludes)}};
+  if (other) items.emplace_back("^Linear$", torchpatch::with_paths(of_format(*other, Replaced::kLinear), other_paths, keep));
+  using torchpatch::PatchMapping;
+  namespace kind = torchpatch::block_kind;
+  items.emplace_back(PatchMapping::kind_key(kind::kExperts), torchpatch::with_paths(of_format(format, Replaced::kExperts), {}, keep));
+  items.emplace_back(PatchMapping::kind_key(kind::kClampedSwigluExperts),
+                     torchpatch::with_paths(of_format(format, Replaced::kClampedSwigluExperts), {}, keep));
   return items;
 }
 
 void register_plugin(torchpatch::Registrar& registrar) {
   for (const auto format : {QuantFormat::kQ8_0, QuantFormat::kQ4_0}) {
-    const auto linear = of_format(format, false), experts = of_format(format, true);
-    registrar.add_replacement(linear, {});
-    registrar.add_replacement(experts, {});
+    const auto linear = of_format(format, Replaced::kLinear), experts = of_format(format, Replaced::kExperts);
+    const auto clamped = of_format(format, Replaced::kClampedSwigluExperts);
+    for (const auto& cls : {linear, experts, clamped}) registrar.add_replacement(cls, {});
     registrar.add_conversion(linear.name, [format](const torchpatch::Config&) { return linear_rules(format); });
     registrar.add_conversion(experts.name, [format](const torchpatch::Config& config) {
       return experts_rules(format, torchpatch::experts_layout(config.as<torchpatch::ModelConfig>()));
     });
+    registrar.add_conversion(clamped.name, [format](const torchpatch::Config&) { return clamped_swiglu_experts_rules(format); });
   }
   registrar.add_quantization_method({kMethod, ggml_patches, {}});
 }

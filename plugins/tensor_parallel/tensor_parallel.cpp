@@ -7,7 +7,8 @@
 //   then one all-reduce of the block's output; an o_proj / down_proj bias is added by rank 0 only.
 //
 // Phi-3's fused qkv_proj and gate_up_proj are sliced per projection inside the fused tensor
-// (sharding.cpp); Gemma2 keeps its query scale and soft cap. The MoE experts: expert_parallel.cpp.
+// (sharding.cpp); Gemma2 keeps its query scale and soft cap; OLMo 2's q/k norms over the whole
+// projection sum their squares over the ranks. The MoE experts: expert_parallel.cpp.
 // With fewer key/value heads than ranks, each is replicated over world / heads ranks (vLLM's choice).
 // Norms, embeddings and lm_head stay replicated. Each rank's weights are sliced as they load (the
 // classes' conversion rules), so a rank holds only its part of the sharded projections; saving
@@ -24,6 +25,7 @@
 #include "parallel.h"
 #include "sharding.h"
 #include "torchpatch/models/family.h"
+#include "torchpatch/nn/rms_norm.h"
 
 namespace torchpatch_tensor_parallel {
 
@@ -78,6 +80,17 @@ checkpoint::ConversionRules attention_rules(const torchpatch::Config& config) {
   const int64_t world = group->size();
   const int64_t kv = kv_parts(config.as<torchpatch::ModelConfig>().decoder.num_key_value_heads, world);
   return split_rules(group, {{"q_proj", world}, {"k_proj", kv}, {"v_proj", kv}}, "o_proj");
+}
+
+// OLMo 2's q_norm / k_norm weights span the whole projection: sliced with it.
+checkpoint::ConversionRules projection_qk_norm_attention_rules(const torchpatch::Config& config) {
+  auto rules = attention_rules(config);
+  if (const auto group = torchpatch::dist::active_group()) {
+    const int64_t kv = kv_parts(config.as<torchpatch::ModelConfig>().decoder.num_key_value_heads, group->size());
+    rules.emplace_back(same_key("q_norm.weight", shard(0, group->size(), group)));
+    rules.emplace_back(same_key("k_norm.weight", shard(0, kv, group)));
+  }
+  return rules;
 }
 
 checkpoint::ConversionRules mlp_rules(const torchpatch::Config&) {
@@ -160,6 +173,64 @@ class TensorParallelQkNormAttention : public ReducedAttention<torchpatch::nn::Qk
                          torchpatch::family_qk_norm_options(torchpatch::model_config(ctx))) {}
 };
 
+// An RMSNorm over a vector whose parts the ranks hold (OLMo 2's q/k norm over the whole projection):
+// each rank's squared sum is all-reduced, so every part is scaled by the whole vector's mean square.
+// `replicas`: how many ranks hold each part (replicated key/value heads), to count it once.
+class SummedRmsNorm : public torchpatch::nn::RmsNorm {
+ public:
+  SummedRmsNorm(int64_t local_width, int64_t width, int64_t replicas, double eps, bool unit_offset)
+      : RmsNorm(local_width, eps, unit_offset), width_(width), replicas_(replicas), group_(torchpatch::dist::active_group()) {}
+
+  at::Tensor forward(const at::Tensor& x) override {
+    const auto input_dtype = x.scalar_type();
+    const auto h = x.to(at::kFloat);
+    const auto squares = h.pow(2).sum(-1, /*keepdim=*/true);
+    auto total = squares.detach().contiguous().clone();
+    all_reduce(group_, total);
+    // The whole vector's sum as the value, and in a backward pass the ranks' gradients of it summed,
+    // since every rank's output depends on it.
+    auto summed = squares + (total / static_cast<double>(replicas_) - squares.detach());
+    if (group_ && summed.requires_grad()) {
+      auto group = group_;
+      summed.register_hook([group](const at::Tensor& grad) {
+        auto sum = grad.contiguous().clone();
+        group->all_reduce_sum(sum);
+        return sum;
+      });
+    }
+    const auto normed = h * at::rsqrt(summed / static_cast<double>(width_) + variance_epsilon);
+    if (unit_offset) return (normed * (1.0 + weight.to(at::kFloat))).to(input_dtype);
+    return weight * normed.to(input_dtype);
+  }
+
+ private:
+  int64_t width_, replicas_;
+  std::shared_ptr<ProcessGroup> group_;
+};
+
+torchpatch::nn::QkNormOptions projection_norm(const BuildContext& ctx) {
+  auto options = torchpatch::family_qk_norm_options(torchpatch::model_config(ctx));
+  options.per_head = false;  // what the kind means
+  return options;
+}
+
+/// OLMo 2's and OLMoE's attention (q/k RMSNorm over the whole projection) over this rank's heads,
+/// the norms' mean squares summed over the ranks.
+class TensorParallelProjectionQkNormAttention : public ReducedAttention<torchpatch::nn::QkNormAttention> {
+ public:
+  explicit TensorParallelProjectionQkNormAttention(const BuildContext& ctx)
+      : ReducedAttention(local_heads(ctx, torchpatch::dist::active_group()), projection_norm(ctx)) {
+    const auto& d = torchpatch::model_config(ctx).decoder;
+    const int64_t world = world_of(torchpatch::dist::active_group());
+    const int64_t replicas = world / kv_parts(d.num_key_value_heads, world);
+    q_norm = replace_module("q_norm", std::make_shared<SummedRmsNorm>(num_heads * head_dim, d.num_attention_heads * head_dim,
+                                                                       1, norm_options.eps, norm_options.unit_offset));
+    k_norm = replace_module("k_norm", std::make_shared<SummedRmsNorm>(num_key_value_heads * head_dim,
+                                                                       d.num_key_value_heads * head_dim, replicas,
+                                                                       norm_options.eps, norm_options.unit_offset));
+  }
+};
+
 /// Phi-3's attention (one fused qkv_proj) over this rank's heads.
 class TensorParallelFusedQkvAttention : public ReducedAttention<torchpatch::FusedQkvAttention> {
  public:
@@ -224,6 +295,9 @@ void register_plugin(torchpatch::Registrar& registrar) {
   registrar.add_conversion("TensorParallelAttention", attention_rules);
   registrar.add_replacement(torchpatch::module_class<TensorParallelQkNormAttention>("TensorParallelQkNormAttention"), {});
   registrar.add_conversion("TensorParallelQkNormAttention", attention_rules);
+  registrar.add_replacement(
+      torchpatch::module_class<TensorParallelProjectionQkNormAttention>("TensorParallelProjectionQkNormAttention"), {});
+  registrar.add_conversion("TensorParallelProjectionQkNormAttention", projection_qk_norm_attention_rules);
   registrar.add_replacement(torchpatch::module_class<TensorParallelMLP>("TensorParallelMLP"), {});
   registrar.add_conversion("TensorParallelMLP", mlp_rules);
   registrar.add_replacement(torchpatch::module_class<TensorParallelFusedQkvAttention>("TensorParallelFusedQkvAttention"), {});

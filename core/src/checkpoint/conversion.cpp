@@ -157,8 +157,13 @@ boost::regex compile_source(const std::string& pattern) {
   }
 }
 
+// A target is a key, with `\1` standing for the source's first group. Its anchors are not part of
+// the key: a target pattern anchored for the reverse direction ("gate_up_proj$", so that saving does
+// not also take gate_up_proj_bias) names "gate_up_proj".
 std::string render_target(const std::string& target, const boost::smatch& match) {
   std::string out = target;
+  if (!out.empty() && out.front() == '^') out.erase(0, 1);
+  if (!out.empty() && out.back() == '$') out.pop_back();
   const auto pos = out.find("\\1");
   if (pos != std::string::npos) out.replace(pos, 2, match.size() > 1 ? match[1].str() : std::string());
   return out;

@@ -71,6 +71,10 @@ nn::ExpertsOptions experts_options(const DecoderConfig& d) {
   return {d.hidden_size, d.moe.num_experts, d.moe.moe_intermediate_size, d.activation, d.moe.implementation};
 }
 
+nn::ClampedSwigluExpertsOptions clamped_swiglu_experts_options(const DecoderConfig& d) {
+  return {d.hidden_size, d.moe.num_experts, d.moe.moe_intermediate_size, d.moe.swiglu_limit};
+}
+
 // -- decoder layer --------------------------------------------------------------------------------
 
 std::vector<int64_t> FusedQkvAttention::split_sizes(const DecoderConfig& d) {

@@ -6,6 +6,8 @@
 // gate clamped above and up on both sides at `swiglu_limit`.
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include <ATen/ATen.h>
 
 #include "torchpatch/error.h"
@@ -29,12 +31,6 @@ const DecoderSpec& spec() {
                                 ExpertsLayout{"mlp", "gate_proj", "up_proj", "down_proj", "shared_expert", true, "router"}};
   return spec;
 }
-
-/// GptOssConfig's own field.
-struct GptOssConfig : FamilyFields {
-  double swiglu_limit = 7.0;
-  void to_json(nlohmann::json& j) const override { j["swiglu_limit"] = swiglu_limit; }
-};
 
 class GptOssAttention : public nn::GqaAttention {
  public:
@@ -79,41 +75,10 @@ class GptOssTopKRouter : public nn::SoftmaxOfTopKRouter {
   explicit GptOssTopKRouter(const BuildContext& ctx) : SoftmaxOfTopKRouter(router_options(model_config(ctx).decoder)) {}
 };
 
-class GptOssExperts : public roles::Experts {
+class GptOssExperts : public nn::ClampedSwigluExperts {
  public:
-  explicit GptOssExperts(const BuildContext& ctx) : limit_(model_config(ctx).family_fields<GptOssConfig>().swiglu_limit) {
-    const auto& d = model_config(ctx).decoder;
-    const auto e = d.moe.num_experts, h = d.hidden_size, i = d.moe.moe_intermediate_size;
-    gate_up_proj = register_parameter("gate_up_proj", at::zeros({e, h, 2 * i}));
-    gate_up_proj_bias = register_parameter("gate_up_proj_bias", at::zeros({e, 2 * i}));
-    down_proj = register_parameter("down_proj", at::zeros({e, i, h}));
-    down_proj_bias = register_parameter("down_proj_bias", at::zeros({e, h}));
-  }
-
-  at::Tensor gate_up_proj, gate_up_proj_bias, down_proj, down_proj_bias;
-
- protected:
-  // Each chosen expert on its tokens, weighted and added in expert order.
-  at::Tensor forward_impl(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights) override {
-    auto out = at::zeros_like(hidden);
-    for (int64_t e = 0; e < gate_up_proj.size(0); ++e) {
-      const auto hits = (indices == e).nonzero();  // [n, 2] (token, slot)
-      if (hits.size(0) == 0) continue;
-      const auto token = hits.select(1, 0), slot = hits.select(1, 1);
-      const auto gate_up = at::addmm(gate_up_proj_bias[e], hidden.index_select(0, token), gate_up_proj[e]);
-      const auto gate = gate_up.slice(-1, 0, c10::nullopt, 2).clamp_max(limit_);
-      const auto up = gate_up.slice(-1, 1, c10::nullopt, 2).clamp(-limit_, limit_);
-      const auto glu = gate * at::sigmoid(gate * kAlpha);
-      const auto y = at::addmm(down_proj_bias[e], (up + 1) * glu, down_proj[e]);
-      out.index_add_(0, token, y * weights.index({token, slot}).unsqueeze(-1).to(y.scalar_type()));
-    }
-    return out;
-  }
-  int64_t expert_count() const override { return gate_up_proj.size(0); }
-
- private:
-  static constexpr double kAlpha = 1.702;
-  double limit_;
+  explicit GptOssExperts(const BuildContext& ctx)
+      : ClampedSwigluExperts(clamped_swiglu_experts_options(model_config(ctx).decoder)) {}
 };
 
 class GptOssMLP : public SparseMoeBlock {
@@ -162,7 +127,7 @@ Family family() {
   traits.expert_width_field = "intermediate_size";
   auto family = decoder_family<GptOssAttention, void, GptOssRMSNorm, GptOssDecoderLayer, GptOssModel, GptOssForCausalLM>(
       "gpt_oss", spec(), traits);
-  // Its experts hold the hub's own fused layout: no conversion of the per-expert kind.
+  // Its experts hold the hub's own fused layout: no per-expert conversion.
   add_moe_parts<GptOssMLP, GptOssTopKRouter, GptOssExperts>(family, spec());
   family.conversions = nullptr;
   for (auto& point : family.patch_points) {
@@ -171,10 +136,9 @@ Family family() {
   family.parse_config = [traits](const nlohmann::json& j, const std::string& source) {
     auto config = parse_decoder_config(j, source, traits);
     ConfigReader f(j, source);
-    auto own = std::make_shared<GptOssConfig>();
-    own->swiglu_limit = f.number("swiglu_limit", own->swiglu_limit);
-    if (!(own->swiglu_limit > 0)) f.fail("field 'swiglu_limit' must be positive");
-    config.fields = std::move(own);
+    auto& limit = config.decoder.moe.swiglu_limit;
+    limit = f.number("swiglu_limit", limit);
+    if (!(limit > 0) || !std::isfinite(limit)) f.fail("field 'swiglu_limit' must be a positive number");
     return config;
   };
   auto tiny = tiny_decoder_preset("gpt_oss", "GptOssForCausalLM");

@@ -29,11 +29,13 @@ nn::QkNormOptions projection_norm(const ModelConfig& config) {
   return norm;
 }
 
-// The norm spans every head, so neither family's attention splits by head.
+// The norm spans every head: a kind of its own, whose split class sums the squares over the ranks
+// (and reads the norm's options from the family).
 void mark_projection_norm(Family& family) {
   for (auto& point : family.patch_points) {
     if (point.name == family.decoder->attention) point.kind = block_kind::kProjectionQkNormAttention;
   }
+  family.qk_norm_options = projection_norm;
 }
 
 }  // namespace

@@ -123,6 +123,13 @@ at::Tensor FusedExperts::forward_grouped(const at::Tensor& hidden, const at::Ten
 
 namespace {
 
+// The down projection's input from the gate_up projection's output.
+at::Tensor gated(Activation act, const ExpertProjections& projections, const at::Tensor& gate_up) {
+  if (projections.glu) return projections.glu(gate_up);
+  const auto halves = gate_up.chunk(2, -1);
+  return activate(act, halves[0]) * halves[1];
+}
+
 // One token (decoding at batch 1): its chosen experts in ascending order, each on the token's row as
 // it is. The same additions in the same order as the grouped loop's scatter (into zeros, so even the
 // sign of a zero agrees), without the sort, bincount, gathers and scatter, whose dispatch costs more
@@ -145,8 +152,8 @@ at::Tensor one_token_experts(const at::Tensor& hidden, const at::Tensor& indices
   for (const auto slot : slots) {
     const auto local = id[slot] - range.first;
     if (local < 0 || local >= range.count) continue;
-    auto gate_up = projections.gate_up(local, hidden).chunk(2, -1);
-    auto y = projections.down(local, activate(act, gate_up[0]) * gate_up[1]) * weights.select(1, slot).unsqueeze(-1);
+    auto y = projections.down(local, gated(act, projections, projections.gate_up(local, hidden))) *
+             weights.select(1, slot).unsqueeze(-1);
     out.add_(y.to(out.scalar_type()));
   }
   return out;
@@ -189,13 +196,35 @@ at::Tensor grouped_experts(const at::Tensor& hidden, const at::Tensor& indices, 
   for (int64_t e = range.first; e < range.first + range.count; ++e) {
     if (count[e] == 0) continue;
     auto slice = x.narrow(0, start, count[e]);
-    auto gate_up = projections.gate_up(e - range.first, slice).chunk(2, -1);
-    pieces.push_back(projections.down(e - range.first, activate(act, gate_up[0]) * gate_up[1]));
+    pieces.push_back(projections.down(e - range.first, gated(act, projections, projections.gate_up(e - range.first, slice))));
     start += count[e];
   }
   // One scatter in expert order adds each token's experts in ascending order, as the eager loop does.
   out.index_add_(0, token, (at::cat(pieces, 0) * w).to(out.scalar_type()));
   return out;
+}
+
+at::Tensor clamped_swiglu(const at::Tensor& gate_up, double limit, double alpha) {
+  const auto gate = gate_up.slice(-1, 0, c10::nullopt, 2).clamp_max(limit);
+  const auto up = gate_up.slice(-1, 1, c10::nullopt, 2).clamp(-limit, limit);
+  return (up + 1) * (gate * at::sigmoid(gate * alpha));
+}
+
+ClampedSwigluExperts::ClampedSwigluExperts(const ClampedSwigluExpertsOptions& o) : options(o) {
+  const auto e = o.num_experts, h = o.hidden_size, i = o.intermediate_size;
+  gate_up_proj = register_parameter("gate_up_proj", new_weight({e, h, 2 * i}, h));
+  gate_up_proj_bias = register_parameter("gate_up_proj_bias", new_parameter({e, 2 * i}, /*is_bias=*/true));
+  down_proj = register_parameter("down_proj", new_weight({e, i, h}, i));
+  down_proj_bias = register_parameter("down_proj_bias", new_parameter({e, h}, /*is_bias=*/true));
+}
+
+at::Tensor ClampedSwigluExperts::forward_impl(const at::Tensor& hidden, const at::Tensor& indices,
+                                              const at::Tensor& weights) {
+  const ExpertProjections projections{
+      [&](int64_t e, const at::Tensor& x) { return at::addmm(gate_up_proj_bias[e], x, gate_up_proj[e]); },
+      [&](int64_t e, const at::Tensor& x) { return at::addmm(down_proj_bias[e], x, down_proj[e]); },
+      [&](const at::Tensor& gate_up) { return clamped_swiglu(gate_up, options.limit, options.alpha); }};
+  return grouped_experts(hidden, indices, weights, options.num_experts, Activation::kSilu, projections);
 }
 
 }  // namespace torchpatch::nn

@@ -66,7 +66,8 @@ struct TORCHPATCH_API WeightRenaming {
 /// `operations`. One to one, many to one or one to many. In patterns only the literal `.*.` is
 /// "a dot, anything, a dot" (e.g. `experts.*.gate_proj.weight`), and a leading `*.` is one leading
 /// segment (`*.gate_proj.weight` in the rules of an experts class, under its module's path); every
-/// other character is a regex.
+/// other character is a regex. A target names a key; a `^` or `$` anchoring it is left out of the key
+/// (it anchors the pattern the target becomes when the rule is reversed for saving).
 struct TORCHPATCH_API WeightConverter {
   std::vector<std::string> sources;
   std::vector<std::string> targets;

@@ -37,6 +37,7 @@ TORCHPATCH_API nn::MlpOptions mlp_options(const BuildContext& ctx);
 TORCHPATCH_API nn::RouterOptions router_options(const DecoderConfig& config);
 TORCHPATCH_API nn::GroupedRouterOptions grouped_router_options(const DecoderConfig& config);
 TORCHPATCH_API nn::ExpertsOptions experts_options(const DecoderConfig& config);
+TORCHPATCH_API nn::ClampedSwigluExpertsOptions clamped_swiglu_experts_options(const DecoderConfig& config);
 
 /// A pre-norm decoder layer: attention and MLP, each behind a norm and a residual connection.
 class TORCHPATCH_API PreNormDecoderLayer : public roles::DecoderLayer {

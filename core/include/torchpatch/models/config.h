@@ -43,6 +43,8 @@ struct TORCHPATCH_API MoeConfig {
   int64_t n_group = 1;
   int64_t topk_group = 1;
   double routed_scaling_factor = 1.0;
+  /// GPT-OSS's clamped SwiGLU (nn::ClampedSwigluExperts): gate clamped above, up on both sides (`swiglu_limit`).
+  double swiglu_limit = 7.0;
   /// How the built-in experts run: "grouped" (the default) or "eager"; `implementation` is the same, resolved.
   std::string experts_implementation = "grouped";
   nn::ExpertsImplementation implementation = nn::ExpertsImplementation::kGrouped;

@@ -51,6 +51,14 @@ constexpr const char* router_kind() {
   else return "";
 }
 
+/// The block_kind of an experts class, from the shared block it derives from ("" for another).
+template <class Experts>
+constexpr const char* experts_kind() {
+  if constexpr (std::is_base_of_v<nn::FusedExperts, Experts>) return block_kind::kExperts;
+  else if constexpr (std::is_base_of_v<nn::ClampedSwigluExperts, Experts>) return block_kind::kClampedSwigluExperts;
+  else return "";
+}
+
 /// A decoder family on the shared blocks: `Attention`, `Mlp`, `Norm`, `Layer`, `Base` and `CausalLM`
 /// are its classes (each constructible from a BuildContext), registered under `spec`'s keys.
 template <class Attention, class Mlp, class Norm, class Layer, class Base, class CausalLM>
@@ -98,8 +106,7 @@ template <class Block, class Router, class Experts>
 void add_moe_parts(Family& family, const DecoderSpec& spec) {
   family.patch_points.push_back(with_kind(module_class<Block>(spec.sparse_block), block_kind::kSparseBlock));
   family.patch_points.push_back(with_kind(module_class<Router>(spec.router), router_kind<Router>()));
-  family.patch_points.push_back(
-      with_kind(module_class<Experts>(spec.experts), std::is_base_of_v<nn::FusedExperts, Experts> ? block_kind::kExperts : ""));
+  family.patch_points.push_back(with_kind(module_class<Experts>(spec.experts), experts_kind<Experts>()));
   family.conversions = [layout = spec.experts_layout](const Config&) { return experts_conversion(layout); };
   // Router logits (router output 0, as Hugging Face records them) and the routing itself: the weights
   // applied (output 1) and the experts chosen (output 2).

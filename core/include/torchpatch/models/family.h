@@ -45,6 +45,7 @@ inline constexpr const char* kFusedQkvAttention = "fused_qkv_attention"; ///< on
 inline constexpr const char* kMlp = "mlp";                               ///< gate/up by column, down by row
 inline constexpr const char* kFusedMlp = "fused_mlp";                    ///< one gate_up_proj (Phi-3)
 inline constexpr const char* kExperts = "experts";                       ///< nn::FusedExperts; expert parallel
+inline constexpr const char* kClampedSwigluExperts = "clamped_swiglu_experts";  ///< nn::ClampedSwigluExperts (GPT-OSS)
 inline constexpr const char* kSparseBlock = "sparse_block";              ///< routed and shared experts, one reduction
 inline constexpr const char* kRouter = "router";                         ///< nn::TopKRouter (softmax top-k); runs whole
 inline constexpr const char* kGroupedRouter = "grouped_router";          ///< nn::GroupedTopKRouter (DeepSeek-style); runs whole

@@ -111,6 +111,8 @@ struct TORCHPATCH_API ExpertsOptions {
 struct TORCHPATCH_API ExpertProjections {
   std::function<at::Tensor(int64_t expert, const at::Tensor& x)> gate_up;
   std::function<at::Tensor(int64_t expert, const at::Tensor& x)> down;
+  /// gate_up's output [n, 2*Im] -> down's input [n, Im]; when empty, act(first half) * second half.
+  std::function<at::Tensor(const at::Tensor& gate_up)> glu;
 };
 
 /// The grouped experts loop: token-expert pairs sorted by expert once, each chosen expert's gated MLP
@@ -153,6 +155,38 @@ class TORCHPATCH_API FusedExperts : public roles::Experts {
  protected:
   at::Tensor forward_impl(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights) override;
   int64_t expert_count() const override { return num_experts; }
+};
+
+struct TORCHPATCH_API ClampedSwigluExpertsOptions {
+  int64_t hidden_size = 0;
+  int64_t num_experts = 0;
+  int64_t intermediate_size = 0;  ///< each expert's width
+  double limit = 7.0;             ///< gate clamped above, up on both sides
+  double alpha = 1.702;           ///< the sigmoid's slope
+};
+
+/// GPT-OSS's gated activation of gate_up [n, 2*Im], gate and up interleaved (gate in the even
+/// columns): (up + 1) * gate * sigmoid(alpha * gate), gate clamped to at most `limit` and up to
+/// [-limit, limit] first.
+TORCHPATCH_API at::Tensor clamped_swiglu(const at::Tensor& gate_up, double limit, double alpha);
+
+/// GPT-OSS's experts, held as the hub has them: gate_up_proj [E, H, 2*Im] (input rows, gate and up
+/// interleaved by column) with gate_up_proj_bias [E, 2*Im], down_proj [E, Im, H] with down_proj_bias
+/// [E, H], and the clamped SwiGLU between them. Run by the grouped loop (each token's experts added
+/// in ascending order, as Hugging Face's loop adds them).
+class TORCHPATCH_API ClampedSwigluExperts : public roles::Experts {
+ public:
+  explicit ClampedSwigluExperts(const ClampedSwigluExpertsOptions& options);
+
+  at::Tensor gate_up_proj;       ///< [E, H, 2*Im]
+  at::Tensor gate_up_proj_bias;  ///< [E, 2*Im]
+  at::Tensor down_proj;          ///< [E, Im, H]
+  at::Tensor down_proj_bias;     ///< [E, H]
+  ClampedSwigluExpertsOptions options;
+
+ protected:
+  at::Tensor forward_impl(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights) override;
+  int64_t expert_count() const override { return options.num_experts; }
 };
 
 }  // namespace torchpatch::nn
