@@ -11,6 +11,7 @@ packages=(cmake ninja-build g++ ccache pkg-config
           libsleef-dev                             # Sleef's vector expf for decode attention (LibTorch loads the library)
           libboost-dev libboost-regex-dev          # Boost.DLL (headers), Boost.Regex
           libicu-dev                               # Unicode normalization and properties (tokenizers)
+          libcli11-dev                             # the CLI's command-line parser
           catch2 libfmt-dev nlohmann-json3-dev)
 scripts/install-packages.sh "${packages[@]}"
 

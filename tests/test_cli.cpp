@@ -3,9 +3,11 @@
 #include "test_util.h"
 #include "cli_util.h"
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "torchpatch/checkpoint/checkpoint.h"
+#include "torchpatch/version.h"
 
 using Catch::Matchers::Contains;
 using namespace testutil;
@@ -78,6 +80,111 @@ TEST_CASE("cli plan names keys that matched nothing, with a suggestion, and --st
   const auto strict = torchpatch_cli("plan --preset tiny-llama --strict --patch LlamaAtention=CustomLlamaAttention");
   CHECK(strict.code == 1);
   CHECK_THAT(strict.out, Contains("--strict: patch key 'LlamaAtention' matched no patch point"));
+}
+
+TEST_CASE("cli a --patch key or --keep-float pattern that matches nothing is a warning on every command", "[cli]") {
+  // The model still runs (without what was asked), the warning names the key and the likely one;
+  // --strict makes it an error.
+  const auto run = torchpatch_cli("run --preset tiny-llama --prompt-ids 1,2 --patch LlamaAtention=CustomLlamaAttention");
+  INFO(run.out);
+  CHECK(run.code == 0);
+  CHECK_THAT(run.out, Contains("torchpatch: warning: --patch key 'LlamaAtention' matched no patch point of "
+                               "LlamaForCausalLM; did you mean 'LlamaAttention'?; it runs without that patch"));
+  const auto generate = torchpatch_cli("generate --preset tiny-llama --prompt-ids 1,2 --max-new-tokens 1 "
+                                       "--patch LlamaAtention=CustomLlamaAttention");
+  CHECK(generate.code == 0);
+  CHECK_THAT(generate.out, Contains("--patch key 'LlamaAtention' matched no patch point"));
+
+  const auto keep = torchpatch_cli("run --model " + llama_dir() + " --prompt-ids 1,2 --quantize q8_0 --keep-float lmhead");
+  INFO(keep.out);
+  CHECK(keep.code == 0);
+  CHECK_THAT(keep.out, Contains("torchpatch: warning: --keep-float 'lmhead' matched no module of LlamaForCausalLM; did "
+                                "you mean 'lm_head'?; nothing more is kept in float (--strict makes this an error)"));
+  const auto kept = torchpatch_cli("run --model " + llama_dir() + " --prompt-ids 1,2 --quantize q8_0 --keep-float lm_head");
+  CHECK(kept.code == 0);
+  CHECK_THAT(kept.out, !Contains("warning"));
+  const auto strict = torchpatch_cli("run --model " + llama_dir() + " --prompt-ids 1,2 --quantize q8_0 --keep-float lmhead --strict");
+  CHECK(strict.code == 1);
+  CHECK_THAT(strict.out, Contains("--strict: --keep-float 'lmhead' matched no module"));
+}
+
+TEST_CASE("cli --version names torchpatch, LibTorch and the CPU extensions in use", "[cli]") {
+  const auto r = torchpatch_cli("--version");
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Contains(fmt::format("torchpatch {}.{}.{}\n", TORCHPATCH_VERSION_MAJOR, TORCHPATCH_VERSION_MINOR,
+                                         TORCHPATCH_VERSION_PATCH)));
+  CHECK_THAT(r.out, Contains("LibTorch "));
+  CHECK_THAT(r.out, Contains("CPU extensions in use: "));
+  CHECK_THAT(r.out, Contains("quantized kernels: the "));
+}
+
+TEST_CASE("cli every command spells a concept one way: --output, --prompt-ids, --top-k, --threads, --json", "[cli]") {
+  // Each command's --help lists its options; the older spellings are accepted but never shown.
+  struct Command {
+    std::string name;
+    bool model;  // builds a model: --threads
+  };
+  const std::vector<Command> commands{{"plan", true},           {"run", true},    {"save", true},
+                                      {"generate", true},       {"bench", true},  {"verify", true},
+                                      {"routing record", true}, {"routing replay", true}, {"plugins", false},
+                                      {"tokenize", false},      {"detokenize", false}};
+  for (const auto& c : commands) {
+    const auto r = torchpatch_cli(c.name + " --help");
+    INFO(c.name << "\n" << r.out);
+    CHECK(r.code == 0);
+    for (const char* old : {"--out ", "--ids ", "--top "}) CHECK(r.out.find(old) == std::string::npos);
+    CHECK_THAT(r.out, Contains("--json"));
+    if (c.model) CHECK_THAT(r.out, Contains("--threads N"));
+  }
+  // The older spellings still work.
+  const ScratchDir saved("cli-old-spelling");
+  CHECK(torchpatch_cli("save --preset tiny-llama --out " + saved.path.string()).code == 0);
+  CHECK(std::filesystem::exists(saved.path / "config.json"));
+  const auto top = torchpatch_cli("run --preset tiny-llama --prompt-ids 1,2 --top 1 --json");
+  REQUIRE(top.code == 0);
+  CHECK(nlohmann::json::parse(top.out)["rows"][0]["top"].size() == 1);
+}
+
+TEST_CASE("cli sizes read as numbers or with units; save and routing record print JSON when asked", "[cli]") {
+  const ScratchDir dir("cli-sizes");
+  const auto small = torchpatch_cli("save --preset tiny-llama --max-shard-bytes 100KB --json --output " + dir.path.string());
+  INFO(small.out);
+  REQUIRE(small.code == 0);
+  const auto j = nlohmann::json::parse(small.out);
+  CHECK(j["weights"] == "float");
+  int shards = 0;
+  for (const auto& file : j["files"]) {
+    shards += file["name"].get<std::string>().rfind("model-", 0) == 0;
+    CHECK(std::filesystem::file_size(dir.path / file["name"].get<std::string>()) == file["bytes"].get<std::uintmax_t>());
+  }
+  CHECK(shards > 1);
+  CHECK(torchpatch_cli("save --preset tiny-llama --max-shard-bytes 5e9 --output " + dir.path.string()).code == 0);
+  const auto bad = torchpatch_cli("save --preset tiny-llama --max-shard-bytes lots --output " + dir.path.string());
+  CHECK(bad.code == 2);
+  CHECK_THAT(bad.out, Contains("--max-shard-bytes: 'lots' is not a size in bytes (e.g. 5000000000, 5e9, 5GB, 512MB, 4GiB)"));
+
+  const auto routes = temp_file("cli-json-routes.npy");
+  const auto record = torchpatch_cli("routing record --preset tiny-mixtral --prompt-ids 1,2,3 --json --output " +
+                                     routes.string());
+  INFO(record.out);
+  REQUIRE(record.code == 0);
+  const auto r = nlohmann::json::parse(record.out);
+  CHECK(r["tokens"] == nlohmann::json({1, 2, 3}));
+  CHECK(r["output"] == routes.string());
+  CHECK(std::filesystem::exists(routes));
+  std::filesystem::remove(routes);
+}
+
+TEST_CASE("cli --threads sets the intra-op threads of every model command", "[cli]") {
+  const auto r = torchpatch_cli("bench --preset tiny-llama --prompt-len 4 --decode-tokens 2 --repeats 1 --no-fused "
+                                "--no-blas --no-quantized --threads 2 --json");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(nlohmann::json::parse(r.out.substr(r.out.find('{')))["threads"] == 2);
+  const auto bad = torchpatch_cli("run --preset tiny-llama --prompt-ids 1 --threads 0");
+  CHECK(bad.code == 2);
+  CHECK_THAT(bad.out, Contains("--threads: expected one integer >= 1, got '0'"));
 }
 
 TEST_CASE("cli plugins lists the bundled plugins", "[cli][plugins]") {

@@ -207,6 +207,25 @@ TEST_CASE("cli generate --prompt streams the text and stops at the tokenizer's e
   std::filesystem::remove(prompt);
 }
 
+TEST_CASE("cli save carries the tokenizer: the copy generates from text as the original does", "[cli][text][save]") {
+  const ChainModel model;
+  std::ofstream(model.dir.path / "generation_config.json") << R"({"eos_token_id": 2})";
+  const ScratchDir copy("text-chain-model-saved");
+  const auto saved = torchpatch_cli("save --model " + model.dir.path.string() + " --out " + copy.path.string());
+  INFO(saved.out);
+  REQUIRE(saved.code == 0);
+  // It says what it wrote.
+  CHECK_THAT(saved.out, Contains("config.json, generation_config.json, model.safetensors (16.5 MB), tokenizer.json (1.8 MB), tokenizer_config.json"));
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"}) {
+    INFO(file);
+    REQUIRE(std::filesystem::exists(copy.path / file));
+    std::ifstream a(model.dir.path / file, std::ios::binary), b(copy.path / file, std::ios::binary);
+    CHECK(std::string(std::istreambuf_iterator<char>(a), {}) == std::string(std::istreambuf_iterator<char>(b), {}));
+  }
+  const auto r = torchpatch_cli("generate --model " + copy.path.string() + " --prompt Hello --max-new-tokens 10 2>/dev/null | cat");
+  CHECK(r.out == "Hello world!\n");
+}
+
 TEST_CASE("cli run --prompt shows the next tokens as text", "[cli][text]") {
   const ChainModel model;
   const auto r = torchpatch_cli("run --model " + model.dir.path.string() + " --prompt Hello --top 1");

@@ -1,50 +1,85 @@
 #include "args.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <map>
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include "torchpatch/printable.h"
 
 namespace torchpatch::cli {
 
+namespace {
+
+// CLI11's own words for a failed parse, turned into ours ("unknown option '--x'", ...).
+[[noreturn]] void usage_error_from(const CLI::ParseError& e, const CLI::App& app) {
+  if (dynamic_cast<const CLI::ExtrasError*>(&e)) {
+    const auto extras = app.remaining();
+    const std::string first = extras.empty() ? std::string() : extras.front();
+    if (first.rfind("--", 0) == 0) throw UsageError(fmt::format("unknown option '{}'", printable(first.substr(0, first.find('=')), 100)));
+    throw UsageError(fmt::format("unexpected argument '{}'", printable(first, 100)));
+  }
+  throw UsageError(printable(e.what(), 200));
+}
+
+// The spec `arg` ("--name" or "--alias") spells, or nullptr.
+const OptionSpec* find_spec(const std::vector<OptionSpec>& specs, const std::string& arg) {
+  if (arg.rfind("--", 0) != 0) return nullptr;
+  const auto name = arg.substr(2);
+  for (const auto& spec : specs) {
+    if (spec.name == name || std::find(spec.aliases.begin(), spec.aliases.end(), name) != spec.aliases.end()) return &spec;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 Args::Args(const std::vector<OptionSpec>& specs, const std::vector<std::string>& argv, std::size_t max_positional) {
-  for (const auto& spec : specs) accepted_.insert(spec.name);
-  bool options_ended = false;  // after "--" everything is positional (a text may start with dashes)
-  for (std::size_t i = 0; i < argv.size(); ++i) {
-    const std::string& arg = argv[i];
-    if (arg == "--" && max_positional > 0 && !options_ended) {
-      options_ended = true;
-      continue;
+  CLI::App app;
+  app.set_help_flag();  // --help is a spec of its own, printed by the command
+  app.allow_extras(false);
+  std::map<std::string, CLI::Option*> options;
+  for (const auto& spec : specs) {
+    accepted_.insert(spec.name);
+    std::string names = "--" + spec.name;
+    for (const auto& alias : spec.aliases) names += ",--" + alias;
+    if (spec.name == "help") names += ",-h";
+    auto* option = spec.value_name.empty() ? app.add_flag(names) : app.add_option(names)->expected(1);
+    option->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+    options[spec.name] = option;
+  }
+  if (max_positional > 0) app.add_option("arguments", positional_)->expected(0, CLI::detail::expected_max_vector_size);
+  // An option whose value is missing (last, or followed by another option) is named as such.
+  for (std::size_t i = 0; i < argv.size() && argv[i] != "--"; ++i) {
+    const auto* spec = find_spec(specs, argv[i]);
+    if (!spec || spec->value_name.empty()) continue;
+    if (i + 1 == argv.size() || find_spec(specs, argv[i + 1].substr(0, argv[i + 1].find('=')))) {
+      throw UsageError(fmt::format("option '{}' needs a value {}", argv[i], spec->value_name));
     }
-    if (options_ended || arg.rfind("--", 0) != 0) {
-      if (positional_.size() >= max_positional) throw UsageError(fmt::format("unexpected argument '{}'", arg));
-      positional_.push_back(arg);
-      continue;
+    ++i;
+  }
+  std::vector<std::string> reversed(argv.rbegin(), argv.rend());  // CLI11 takes them last first
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ParseError& e) {
+    usage_error_from(e, app);
+  }
+  if (positional_.size() > max_positional) throw UsageError(fmt::format("unexpected argument '{}'", printable(positional_[max_positional], 100)));
+  for (const auto& spec : specs) {
+    const auto* option = options.at(spec.name);
+    if (option->count() == 0) continue;
+    if (option->count() > 1 && !spec.repeatable) throw UsageError(fmt::format("option '--{}' given twice", spec.name));
+    auto& values = values_[spec.name];
+    if (spec.value_name.empty()) {
+      values.assign(option->count(), "");
+    } else {
+      values = option->results();
     }
-    std::string name = arg.substr(2), value;
-    const auto eq = name.find('=');
-    const bool inline_value = eq != std::string::npos;
-    if (inline_value) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-    }
-    const OptionSpec* spec = nullptr;
-    for (const auto& s : specs) {
-      if (s.name == name) spec = &s;
-    }
-    if (!spec) throw UsageError(fmt::format("unknown option '--{}'", name));
-    if (spec->value_name.empty()) {
-      if (inline_value) throw UsageError(fmt::format("option '--{}' takes no value", name));
-    } else if (!inline_value) {
-      if (i + 1 >= argv.size()) throw UsageError(fmt::format("option '--{}' needs a value {}", name, spec->value_name));
-      value = argv[++i];
-    }
-    if (values_.count(name) && !spec->repeatable) throw UsageError(fmt::format("option '--{}' given twice", name));
-    values_[name].push_back(value);
   }
 }
 
@@ -113,6 +148,26 @@ double number_option(const Args& args, const std::string& name, double fallback)
     throw UsageError(fmt::format("--{}: {} is out of the range of a double", name, printable(text, 100)));
   }
   return v;
+}
+
+int64_t size_option(const Args& args, const std::string& name, int64_t fallback) {
+  if (!args.has(name)) return fallback;
+  const auto text = args.value(name);
+  char* end = nullptr;
+  const double number = std::strtod(text.c_str(), &end);
+  std::string unit(static_cast<const char*>(end), text.c_str() + text.size());
+  if (!unit.empty() && unit.front() == ' ') unit.erase(0, 1);
+  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  static const std::map<std::string, double> scale{{"", 1},       {"B", 1},         {"KB", 1e3},
+                                                   {"MB", 1e6},   {"GB", 1e9},      {"TB", 1e12},
+                                                   {"KIB", 1024}, {"MIB", 1048576}, {"GIB", 1073741824.0}};
+  const auto it = scale.find(unit);
+  const double bytes = it == scale.end() ? 0 : number * it->second;
+  if (end == text.c_str() || it == scale.end() || !(bytes >= 1) || bytes > 9.2e18) {
+    throw UsageError(fmt::format("--{}: '{}' is not a size in bytes (e.g. 5000000000, 5e9, 5GB, 512MB, 4GiB)", name,
+                                 printable(text, 100)));
+  }
+  return static_cast<int64_t>(bytes);
 }
 
 }  // namespace torchpatch::cli

@@ -1,4 +1,6 @@
-// A small command-line parser: each command declares its options; anything else is a usage error.
+// Each command declares its options (OptionSpec); CLI11 parses them (a value inline or after the
+// option, "--" ending the options, repeatable options, older spellings as hidden aliases); anything
+// else is a usage error in our own words.
 #pragma once
 
 #include <map>
@@ -16,10 +18,11 @@ class UsageError : public std::runtime_error {
 };
 
 struct OptionSpec {
-  std::string name;        ///< without dashes, e.g. "model"
+  std::string name;        ///< without dashes, e.g. "model": the one spelling every command uses
   std::string value_name;  ///< e.g. "DIR"; empty for a flag
   std::string help;
   bool repeatable = false;
+  std::vector<std::string> aliases = {};  ///< older spellings, still accepted, not shown in help
 };
 
 class Args {
@@ -55,5 +58,8 @@ std::vector<int64_t> parse_int_list(const std::string& text, const std::string& 
 int64_t int_option(const Args& args, const std::string& name, int64_t fallback, int64_t min);
 /// Option `name` as a number (`fallback` when absent); UsageError when it is not one.
 double number_option(const Args& args, const std::string& name, double fallback);
+/// Option `name` as a positive number of bytes (`fallback` when absent): "5000000000", "5e9", "5GB",
+/// "512MB", "4GiB", "64KiB"; UsageError naming the forms otherwise.
+int64_t size_option(const Args& args, const std::string& name, int64_t fallback);
 
 }  // namespace torchpatch::cli

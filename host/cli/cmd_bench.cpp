@@ -254,7 +254,6 @@ int cmd_bench(const std::vector<std::string>& argv) {
   specs.insert(specs.begin() + 3,
                {{"prompt-len", "N", "prefill length (default 128)"},
                 {"decode-tokens", "N", "decode steps timed per run (default 32)"},
-                {"threads", "N", "intra-op threads (default 1)"},
                 {"repeats", "N", "timed runs; the best is reported (default 3)"},
                 {"no-fused", "", "skip the FusedQKVAttention variant"},
                 {"no-blas", "", "skip the variant whose float32 products run on the system BLAS"},
@@ -270,11 +269,10 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const int64_t prompt_len = int_option(args, "prompt-len", 128, 1);
   const int64_t decode_tokens = int_option(args, "decode-tokens", 32, 1);
   // Checked before narrowing to int: 4294967297 must not quietly become 1.
-  const int64_t repeats_wanted = int_option(args, "repeats", 3, 1), threads = int_option(args, "threads", 1, 1);
+  const int64_t repeats_wanted = int_option(args, "repeats", 3, 1);
   if (repeats_wanted > 1000000) throw UsageError(fmt::format("--repeats: {} is more than 1000000", repeats_wanted));
-  if (threads > 4096) throw UsageError(fmt::format("--threads: {} is more than 4096", threads));
   const int repeats = static_cast<int>(repeats_wanted);
-  at::set_num_threads(static_cast<int>(threads));
+  apply_threads(args, /*fallback=*/1);  // one thread unless asked: the figures compare with the one-thread limits
   std::vector<std::string> forwarded = argv;
   if (!args.has("model") && !args.has("preset")) forwarded.insert(forwarded.end(), {"--preset", "llama-125m"});
   const Args model_args(specs, forwarded);

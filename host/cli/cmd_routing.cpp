@@ -23,7 +23,7 @@ const char* kUsage = R"(usage: torchpatch routing <record|replay> [options]
 
   record  generate from a prompt and write the experts every sparse layer chose, as vLLM's
           routed_experts array [tokens, layers, top_k] int32 (.npy)
-  replay  run a training pass on --ids/--labels with those routes forced; print the loss and the
+  replay  run a training pass on --prompt-ids/--labels with those routes forced; print the loss and the
           gradient norm of the router weights
 
 Run 'torchpatch routing <record|replay> --help' for options.
@@ -39,7 +39,7 @@ int record(const std::vector<std::string>& argv) {
   auto specs = model_options();
   specs.insert(specs.begin() + 3, {{"prompt-ids", "IDS", "prompt token ids, e.g. 1,2,3"},
                                    {"max-new-tokens", "N", "tokens to generate (default 0: the prompt only)"},
-                                   {"out", "FILE", "where to write routes (.npy)"}});
+                                   {"output", "FILE", "where to write routes (.npy)", false, {"out"}}});
   specs.push_back(tp_option());
   const Args args(specs, argv);
   if (args.flag("help")) {
@@ -47,7 +47,7 @@ int record(const std::vector<std::string>& argv) {
     return 0;
   }
   if (!args.has("prompt-ids")) throw UsageError("--prompt-ids is required");
-  if (!args.has("out")) throw UsageError("--out FILE is required");
+  if (!args.has("output")) throw UsageError("--output FILE is required");
   const auto ids = at::tensor(parse_int_list(args.value("prompt-ids"), "--prompt-ids"), at::kLong).unsqueeze(0);
   const auto host = open_plugin_host(args);
   const BuiltModel built = build_model(*host, args);
@@ -69,12 +69,20 @@ int record(const std::vector<std::string>& argv) {
   const auto routed = routes_to_array(per_layer);
   // In a group every rank's routers chose the same (same inputs, same router weights); rank 0 writes.
   if (const auto group = process_group(); group && group->rank() != 0) return 0;
-  save_npy(args.value("out"), routed);
+  save_npy(args.value("output"), routed);
   const auto sequence = out.sequences[0].narrow(0, 0, routed.size(0)).contiguous();
+  const std::vector<int64_t> tokens(sequence.data_ptr<int64_t>(), sequence.data_ptr<int64_t>() + sequence.numel());
+  if (args.flag("json")) {
+    std::cout << nlohmann::json{{"model", built.model->class_name()}, {"source", built.source},
+                                {"output", args.value("output")}, {"tokens", tokens},
+                                {"shape", {routed.size(0), routed.size(1), routed.size(2)}}}
+                     .dump(2)
+              << "\n";
+    return 0;
+  }
   std::cout << fmt::format("{} ({}): routes of {} tokens x {} layers x top-{} written to {}\n",
                            built.model->class_name(), built.source, routed.size(0), routed.size(1), routed.size(2),
-                           args.value("out"));
-  const std::vector<int64_t> tokens(sequence.data_ptr<int64_t>(), sequence.data_ptr<int64_t>() + sequence.numel());
+                           args.value("output"));
   std::cout << fmt::format("tokens: {}\n", fmt::join(tokens, ","));
   return 0;
 }
@@ -82,7 +90,7 @@ int record(const std::vector<std::string>& argv) {
 int replay(const std::vector<std::string>& argv) {
   auto specs = model_options();
   specs.insert(specs.begin() + 3, {{"routes", "FILE", "routes from 'routing record' (.npy [tokens, layers, top_k])"},
-                                   {"ids", "IDS", "token ids of the training sequence (as many as the routes)"},
+                                   {"prompt-ids", "IDS", "token ids of the training sequence (as many as the routes)", false, {"ids"}},
                                    {"labels", "IDS", "next-token labels (default: the ids; -100 ignores a position)"}});
   specs.push_back(tp_option());
   const Args args(specs, argv);
@@ -90,10 +98,10 @@ int replay(const std::vector<std::string>& argv) {
     std::cout << usage("routing replay", "Train-pass with recorded routes forced: loss and router gradient.", specs);
     return 0;
   }
-  for (const char* required : {"routes", "ids"}) {
+  for (const char* required : {"routes", "prompt-ids"}) {
     if (!args.has(required)) throw UsageError(fmt::format("--{} is required", required));
   }
-  const auto ids = at::tensor(parse_int_list(args.value("ids"), "--ids"), at::kLong).unsqueeze(0);
+  const auto ids = at::tensor(parse_int_list(args.value("prompt-ids"), "--prompt-ids"), at::kLong).unsqueeze(0);
   const auto labels = args.has("labels")
                           ? at::tensor(parse_int_list(args.value("labels"), "--labels"), at::kLong).unsqueeze(0)
                           : ids;

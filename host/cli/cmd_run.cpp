@@ -108,7 +108,7 @@ int cmd_run(const std::vector<std::string>& argv) {
                 {"hidden-states", "", "also write hidden_states [layers+1, B, T, H] to --output"},
                 {"router-outputs", "", "MoE: also write router_logits_layer{i}, selected_experts_layer{i} and "
                                        "routing_weights_layer{i} (rows b*T+t) to --output"},
-                {"top", "K", "how many next tokens to show per row (default 5)"}});
+                {"top-k", "K", "how many of the most likely next tokens to show per row (default 5)", false, {"top"}}});
   const auto text_options = prompt_options();
   specs.insert(specs.begin() + 3, text_options.begin(), text_options.end());
   const Args args(specs, argv);
@@ -121,12 +121,7 @@ int cmd_run(const std::vector<std::string>& argv) {
   }
   if (args.flag("hidden-states") && !args.has("output")) throw UsageError("--hidden-states needs --output FILE");
   if (args.flag("router-outputs") && !args.has("output")) throw UsageError("--router-outputs needs --output FILE");
-  int64_t top = 5;
-  if (args.has("top")) {
-    const auto k = parse_int_list(args.value("top"), "--top");
-    if (k.size() != 1 || k[0] < 1) throw UsageError("--top: expected one positive integer");
-    top = k[0];
-  }
+  const int64_t top = int_option(args, "top-k", 5, 1);
   const auto tokenizer = prompt_tokenizer(args);
   ModelInputs inputs = read_model_inputs(args, tokenizer ? &*tokenizer : nullptr);
   inputs.output_hidden_states = args.flag("hidden-states");

@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "launch.h"
@@ -12,8 +13,10 @@ namespace torchpatch::cli {
 
 int cmd_save(const std::vector<std::string>& argv) {
   auto specs = model_options();
-  specs.insert(specs.begin() + 1, {{"out", "DIR", "where to write config.json and the safetensors"},
-                                   {"max-shard-bytes", "N", "split into shards of at most N bytes (default 5e9)"},
+  specs.insert(specs.begin() + 1, {{"output", "DIR", "where to write config.json, the safetensors and the "
+                                                     "checkpoint's tokenizer files", false, {"out"}},
+                                   {"max-shard-bytes", "SIZE", "split into shards of at most SIZE bytes: 5e9, 5GB, "
+                                                               "512MB, 4GiB (default 5GB)"},
                                    {"dequantize", "", "write quantized weights back in float, without quantization_config"}});
   specs.push_back(tp_option());
   const Args args(specs, argv);
@@ -26,13 +29,9 @@ int cmd_save(const std::vector<std::string>& argv) {
                        specs);
     return 0;
   }
-  if (!args.has("out")) throw UsageError("--out DIR is required");
+  if (!args.has("output")) throw UsageError("--output DIR is required");
   checkpoint::SaveOptions options;
-  if (args.has("max-shard-bytes")) {
-    const auto n = parse_int_list(args.value("max-shard-bytes"), "--max-shard-bytes");
-    if (n.size() != 1 || n[0] <= 0) throw UsageError("--max-shard-bytes: expected one positive integer");
-    options.max_shard_bytes = n[0];
-  }
+  options.max_shard_bytes = size_option(args, "max-shard-bytes", options.max_shard_bytes);
   const auto host = open_plugin_host(args);
   const BuiltModel built = build_model(*host, args);
   print_load_report(built);
@@ -43,8 +42,29 @@ int cmd_save(const std::vector<std::string>& argv) {
     checkpoint::hub_state_dict(*built.model, *options.conversions, !options.dequantize);
     return 0;
   }
-  checkpoint::save_pretrained(*built.model, args.value("out"), options);
-  std::cout << fmt::format("saved {} ({}) to {}\n", built.model->class_name(), built.source, args.value("out"));
+  if (args.has("model")) options.companions_from = args.value("model");  // the tokenizer travels with the weights
+  const auto report = checkpoint::save_pretrained(*built.model, args.value("output"), options);
+  const auto config = built.model->config_json();
+  const auto q = config.find("quantization_config");
+  const std::string format = q != config.end() && q->is_object() ? q->value("format", "?") : "";
+  if (args.flag("json")) {
+    auto files = nlohmann::json::array();
+    for (const auto& [name, bytes] : report.files) files.push_back({{"name", name}, {"bytes", bytes}});
+    std::cout << nlohmann::json{{"model", built.model->class_name()}, {"source", built.source},
+                                {"output", args.value("output")}, {"files", files},
+                                {"weights", format.empty() || options.dequantize ? "float" : format}}
+                     .dump(2)
+              << "\n";
+    return 0;
+  }
+  std::cout << fmt::format("saved {} ({}) to {}: {}\n", built.model->class_name(), built.source, args.value("output"),
+                           report.describe());
+  if (!format.empty()) {
+    std::cout << (options.dequantize ? fmt::format("weights written in float (dequantized from {})\n", format)
+                                     : fmt::format("weights written as {} blocks with their quantization_config "
+                                                   "(--dequantize writes float)\n",
+                                                   format));
+  }
   return 0;
 }
 

@@ -264,6 +264,7 @@ int cmd_verify(const std::vector<std::string>& argv) {
     return 0;
   }
   const double atol = number_option(args, "atol", 1e-4), rtol = number_option(args, "rtol", 1e-4);
+  apply_threads(args);
   const bool quantize = args.has("quantize");
   const double max_kl = number_option(args, "max-kl", quantize && args.value("quantize") == "q4_0" ? 0.2 : 0.01);
   const double min_top1 = number_option(args, "min-top1", 0.0);

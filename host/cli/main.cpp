@@ -11,6 +11,7 @@
 #include "session.h"
 #include "torchpatch/error.h"
 #include "torchpatch/printable.h"
+#include "torchpatch/runtime/build_info.h"
 
 namespace {
 
@@ -30,8 +31,9 @@ commands:
   tokenize    encode text with a checkpoint's tokenizer.json and print the token ids
   detokenize  decode token ids to text
 
-Run 'torchpatch <command> --help' for a command's options. Any command takes --debug: an error from
-LibTorch is then printed with its backtrace.
+Run 'torchpatch <command> --help' for a command's options, 'torchpatch --version' for the version, the
+LibTorch and the CPU features in use. Any command takes --debug: an error from LibTorch is then
+printed with its backtrace.
 )";
 
 // LibTorch's message without its backtrace: the first line of what_without_backtrace().
@@ -49,6 +51,10 @@ int main(int argc, char** argv) {
   if (all.empty() || all[0] == "--help" || all[0] == "-h" || all[0] == "help") {
     std::cout << kUsage;
     return all.empty() ? 2 : 0;
+  }
+  if (all[0] == "--version" || all[0] == "version") {
+    std::cout << torchpatch::build_info();
+    return 0;
   }
   const std::string command = all[0];
   const std::string name = torchpatch::printable(command, 64);  // as messages show it

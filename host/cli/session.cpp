@@ -55,7 +55,8 @@ std::vector<OptionSpec> model_options() {
                 {"copy-weights", "", "copy the weights out of the memory-mapped checkpoint into the process's own "
                                      "memory: a slower load, a faster decode"},
                 {"allow-incomplete", "", "load a checkpoint with missing, unexpected or mismatched tensors and report them"},
-                {"no-memory-check", "", "build a model even if its parameters need more than this machine's memory"}});
+                {"no-memory-check", "", "build a model even if its parameters need more than this machine's memory"},
+                {"threads", "N", "intra-op threads (default: LibTorch's, one per core; bench: 1)"}});
   return specs;
 }
 
@@ -285,8 +286,39 @@ std::optional<ScopedPatchMapping> parallel_patches(PluginHost& host) {
   return std::optional<ScopedPatchMapping>(std::in_place, items, false, host.registries().patches());
 }
 
+namespace {
+// A --patch key or --keep-float pattern that matched nothing: the model runs without what the user
+// asked for, so every command says so (rank 0 alone), and --strict makes it an error.
+void warn_unmatched(const BuiltModel& built, const Args& args) {
+  std::set<std::string> patched;
+  for (const auto& patch : args.values("patch")) patched.insert(patch.substr(0, patch.rfind('=')));
+  std::vector<std::string> messages;
+  for (const auto& u : built.unmatched) {
+    if (!patched.count(u.key)) continue;
+    messages.push_back(fmt::format("--patch key '{}' matched no patch point of {}{}; it runs without that patch",
+                                   printable(u.key), built.model->class_name(), u.suggestion.empty() ? "" : "; " + u.suggestion));
+  }
+  for (const auto& u : unmatched_paths(args.values("keep-float"), built.plan)) {
+    messages.push_back(fmt::format("--keep-float '{}' matched no module of {}{}; nothing more is kept in float",
+                                   printable(u.key), built.model->class_name(), u.suggestion.empty() ? "" : "; " + u.suggestion));
+  }
+  if (messages.empty()) return;
+  if (args.flag("strict")) throw ConfigError("--strict: " + messages.front());
+  if (const auto group = process_group(); group && group->rank() != 0) return;
+  for (const auto& message : messages) std::cerr << "torchpatch: warning: " << message << " (--strict makes this an error)\n";
+}
+}  // namespace
+
+void apply_threads(const Args& args, int64_t fallback) {
+  if (!args.has("threads") && fallback <= 0) return;
+  const auto threads = int_option(args, "threads", fallback, 1);
+  if (threads > 4096) throw UsageError(fmt::format("--threads: {} is more than 4096", threads));
+  at::set_num_threads(static_cast<int>(threads));
+}
+
 BuiltModel build_model(PluginHost& host, const Args& args) {
   apply_patch_args(host, args);
+  apply_threads(args);
   if (args.has("model") == args.has("preset")) throw UsageError("give exactly one of --model DIR and --preset NAME");
   ModelSource source;
   if (args.has("preset")) source.preset = args.value("preset");
@@ -298,6 +330,7 @@ BuiltModel build_model(PluginHost& host, const Args& args) {
   const auto patches = parallel_patches(host);
   auto built = load_model(source, LoadModelOptions{pretrained_options(args, host), args.flag("strict")});
   if (group) require_split_attention(built, host.registries());
+  warn_unmatched(built, args);
   return built;
 }
 

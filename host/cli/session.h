@@ -58,6 +58,10 @@ std::shared_ptr<dist::ProcessGroup> process_group();
 /// (build_model opens it itself); nullopt outside a group.
 std::optional<ScopedPatchMapping> parallel_patches(PluginHost& host);
 
+/// --threads N (every model command): LibTorch's intra-op threads; without it `fallback` when
+/// positive, else LibTorch's default.
+void apply_threads(const Args& args, int64_t fallback = 0);
+
 /// Before --tp starts its ranks: a built-in family (of --model's config.json or --preset) whose
 /// attention does not split is refused here, once, as ConfigError naming the family and why. Nothing
 /// is refused when --patch or --plugin-dir may give the attention another class (the ranks decide).

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <iterator>
 #include <optional>
 #include <set>
 
@@ -576,11 +578,58 @@ std::set<std::string> indexed_shards(const fs::path& dir) {
 
 }  // namespace
 
-void save_pretrained(const Loadable& model, const fs::path& dir, const SaveOptions& options) {
+const std::vector<std::string>& companion_files() {
+  static const std::vector<std::string> names{"tokenizer.json",      "tokenizer_config.json", "special_tokens_map.json",
+                                              "generation_config.json", "chat_template.jinja", "chat_template.json",
+                                              "added_tokens.json",   "tokenizer.model",       "vocab.json",
+                                              "merges.txt",          "vocab.txt"};
+  return names;
+}
+
+std::string SaveReport::describe() const {
+  std::vector<std::string> parts;
+  for (const auto& [name, bytes] : files) {
+    parts.push_back(bytes < 100000 ? name : fmt::format("{} ({:.1f} MB)", name, static_cast<double>(bytes) / 1e6));
+  }
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
+namespace {
+
+// The companions `from` holds, copied into `staging` (their bytes as they are).
+void copy_companions(const fs::path& from, const fs::path& staging) {
+  for (const auto& name : companion_files()) {
+    std::error_code ec;
+    if (!fs::is_regular_file(from / name, ec)) continue;
+    std::ifstream in(from / name, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), {});
+    if (!in.good() && !in.eof()) throw CheckpointError(fmt::format("{}: cannot read it to copy it", (from / name).string()));
+    write_file_atomically(staging / name, bytes);
+  }
+}
+
+SaveReport report_of(const fs::path& staging) {
+  SaveReport report;
+  std::error_code ec;
+  for (fs::directory_iterator it(staging, ec), end; !ec && it != end; it.increment(ec)) {
+    report.files.emplace_back(it->path().filename().string(), fs::file_size(it->path(), ec));
+  }
+  std::sort(report.files.begin(), report.files.end());
+  return report;
+}
+
+}  // namespace
+
+SaveReport save_pretrained(const Loadable& model, const fs::path& dir, const SaveOptions& options) {
   const auto tensors =
       hub_state_dict(model, options.conversions ? *options.conversions : global_conversions(), !options.dequantize);
+  SaveReport report;
   DirectoryUpdate update;
-  update.write = [&](const fs::path& staging) { write_checkpoint(model, tensors, staging, options); };
+  update.write = [&](const fs::path& staging) {
+    write_checkpoint(model, tensors, staging, options);
+    if (!options.companions_from.empty()) copy_companions(options.companions_from, staging);
+    report = report_of(staging);
+  };
   update.old_files = [](const fs::path& target) {
     const auto shards = indexed_shards(target);
     std::set<std::string> names;
@@ -593,6 +642,7 @@ void save_pretrained(const Loadable& model, const fs::path& dir, const SaveOptio
   };
   update.last = {"model.safetensors.index.json", "config.json"};
   update_directory(dir, update);
+  return report;
 }
 
 }  // namespace torchpatch::checkpoint

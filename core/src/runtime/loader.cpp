@@ -40,6 +40,29 @@ std::string did_you_mean(const std::string& key, const Registries& registries) {
   return best.empty() ? std::string() : fmt::format("did you mean '{}'?", best);
 }
 
+std::vector<UnmatchedKey> unmatched_paths(const std::vector<std::string>& patterns, const std::vector<PlanEntry>& plan) {
+  std::vector<UnmatchedKey> out;
+  for (const auto& pattern : patterns) {
+    const bool matched = std::any_of(plan.begin(), plan.end(), [&](const PlanEntry& entry) {
+      return PathFilter::first_match({pattern}, entry.path) != nullptr;
+    });
+    if (matched) continue;
+    // The closest last segment of a path ("lm_head" for "lmhead", "q_proj" for "qproj").
+    std::string best;
+    std::size_t best_distance = std::max<std::size_t>(2, pattern.size() / 3) + 1;
+    for (const auto& entry : plan) {
+      const auto name = entry.path.substr(entry.path.rfind('.') + 1);
+      const auto d = edit_distance(pattern, name);
+      if (d < best_distance) {
+        best = name;
+        best_distance = d;
+      }
+    }
+    out.push_back({pattern, best.empty() ? std::string() : fmt::format("did you mean '{}'?", best)});
+  }
+  return out;
+}
+
 LoadedModel load_model(const ModelSource& source, const LoadModelOptions& options) {
   if (source.checkpoint.has_value() == source.preset.has_value()) {
     throw InputError("model source: give exactly one of a checkpoint directory and a preset");

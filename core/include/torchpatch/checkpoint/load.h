@@ -94,6 +94,22 @@ struct TORCHPATCH_API SaveOptions {
   /// config.json (the hub layout a float model has). Otherwise they are written as their blocks and
   /// the config keeps its quantization_config, so the checkpoint loads back as it was.
   bool dequantize = false;
+  /// The directory the model was loaded from: its companion files (kCompanionFiles that it holds)
+  /// are written beside the new checkpoint, so the copy tokenizes and generates as the original
+  /// does. Empty: none.
+  std::filesystem::path companions_from;
+};
+
+/// The files beside the weights that a checkpoint directory carries for tokenizing and generating:
+/// tokenizer.json, tokenizer_config.json, special_tokens_map.json, generation_config.json, chat
+/// templates, and the slow tokenizers' vocabularies.
+TORCHPATCH_API const std::vector<std::string>& companion_files();
+
+/// What save_pretrained wrote: each file's name and size in bytes, in the order written.
+struct TORCHPATCH_API SaveReport {
+  std::vector<std::pair<std::string, std::uintmax_t>> files;
+  /// "config.json, model.safetensors (12.3 MB), tokenizer.json (2.1 MB)".
+  std::string describe() const;
 };
 
 /// Writes `dir/config.json` and `dir/model.safetensors` (or shards `model-0000i-of-0000n.safetensors`
@@ -105,7 +121,7 @@ struct TORCHPATCH_API SaveOptions {
 /// completed the commit, the new one; a failure before the commit (a full disk) leaves the old one as
 /// it was. Files of the old layout (shards, index, single file) the new one lacks are removed; no other
 /// file is touched.
-TORCHPATCH_API void save_pretrained(const Loadable& model, const std::filesystem::path& dir,
-                                    const SaveOptions& options = {});
+TORCHPATCH_API SaveReport save_pretrained(const Loadable& model, const std::filesystem::path& dir,
+                                          const SaveOptions& options = {});
 
 }  // namespace torchpatch::checkpoint

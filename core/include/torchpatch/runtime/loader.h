@@ -60,4 +60,10 @@ TORCHPATCH_API LoadedModel load_model(const ModelSource& source, const LoadModel
 /// "did you mean 'LlamaAttention'?" for a key close to a known patch point ("" when none is close).
 TORCHPATCH_API std::string did_you_mean(const std::string& key, const Registries& registries = default_registries());
 
+/// The module-path patterns of `patterns` (PathFilter's rule: the whole path or a dotted suffix, `*`
+/// and `?` globs) that match no patch point of `plan`, each with the closest module name as its
+/// suggestion: how a mistyped `modules_to_not_convert` / --keep-float pattern shows.
+TORCHPATCH_API std::vector<UnmatchedKey> unmatched_paths(const std::vector<std::string>& patterns,
+                                                         const std::vector<PlanEntry>& plan);
+
 }  // namespace torchpatch
