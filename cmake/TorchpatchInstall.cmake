@@ -3,7 +3,8 @@
 #
 #   P/bin/torchpatch                   the CLI (RPATH $ORIGIN/../lib)
 #   P/lib/libtorchpatch_{core,host}.so
-#   P/lib/torchpatch/plugins/*.so      the bundled plugins, where the CLI looks for them
+#   P/lib/torchpatch/plugins/*.so      the bundled plugins, where the host library looks for them
+#                                      (torchpatch::bundled_plugin_dir(); torchpatch_PLUGIN_DIR in CMake)
 #   P/include/torchpatch/...           the public headers (core, plugin API, host)
 #   P/lib/cmake/torchpatch/            find_package(torchpatch): torchpatch::core, torchpatch::host,
 #                                      torchpatch::plugin_api and torchpatch_add_plugin()
@@ -41,9 +42,11 @@ install(EXPORT torchpatchTargets NAMESPACE torchpatch:: DESTINATION ${TORCHPATCH
 
 # The config pins the dependencies whose types cross the plugin boundary to the versions this build
 # used (LibTorch, nlohmann_json), so a plugin cannot be compiled against other headers than the host's.
+set(TORCHPATCH_INSTALL_PLUGINDIR lib/torchpatch/plugins)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/torchpatchConfig.cmake.in
   ${PROJECT_BINARY_DIR}/torchpatchConfig.cmake
-  INSTALL_DESTINATION ${TORCHPATCH_INSTALL_CMAKEDIR})
+  INSTALL_DESTINATION ${TORCHPATCH_INSTALL_CMAKEDIR}
+  PATH_VARS TORCHPATCH_INSTALL_PLUGINDIR)
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/torchpatchConfigVersion.cmake
   COMPATIBILITY SameMinorVersion)
 install(FILES

@@ -22,9 +22,8 @@ struct Result {
   std::string out;  // stdout and stderr together
 };
 
-// Runs the CLI through the shell; `env` is an optional "NAME=value" prefix.
-inline Result torchpatch_cli(const std::string& arguments, const std::string& env = "") {
-  const std::string command = env + " " + std::string(TORCHPATCH_CLI) + " " + arguments + " 2>&1";
+// Runs `command` through the shell and reads its standard output (`2>&1` in it adds the errors).
+inline Result shell(const std::string& command) {
   Result result;
   FILE* pipe = ::popen(command.c_str(), "r");
   if (pipe == nullptr) return result;
@@ -34,6 +33,11 @@ inline Result torchpatch_cli(const std::string& arguments, const std::string& en
   const int status = ::pclose(pipe);
   result.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
+}
+
+// Runs the CLI through the shell; `env` is an optional "NAME=value" prefix.
+inline Result torchpatch_cli(const std::string& arguments, const std::string& env = "") {
+  return shell(env + " " + std::string(TORCHPATCH_CLI) + " " + arguments + " 2>&1");
 }
 
 inline std::string llama_dir() { return (data_dir() / "llama_basic").string(); }

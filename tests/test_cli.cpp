@@ -3,6 +3,8 @@
 #include "test_util.h"
 #include "cli_util.h"
 
+#include <fstream>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -251,6 +253,75 @@ TEST_CASE("cli runtime errors exit with 1 and name the cause", "[cli][errors]") 
     CHECK(r.code == 1);
     CHECK_THAT(r.out, Contains(c.message));
   }
+}
+
+TEST_CASE("cli errors a user runs into name the fix", "[cli][errors]") {
+  const ScratchDir pickled("cli-pickled-checkpoint");
+  fs::copy_file(data_dir() / "llama_basic" / "config.json", pickled.path / "config.json");
+  std::ofstream(pickled.path / "pytorch_model.bin") << "not read";
+  struct Case {
+    std::string args, message;
+  };
+  const std::vector<Case> cases{
+      // The weights file instead of its directory.
+      {"run --model " + llama_dir() + "/model.safetensors --prompt-ids 1",
+       "model.safetensors: a weights file, not a checkpoint: give the directory that holds it and its config.json (" +
+           llama_dir() + ")"},
+      // PyTorch's pickle format only.
+      {"run --model " + pickled.path.string() + " --prompt-ids 1",
+       "no model.safetensors or model.safetensors.index.json; it holds pytorch_model.bin, PyTorch's pickle format, "
+       "which torchpatch does not read"},
+      // Another model's tokenizer.
+      {"run --model " + llama_dir() + " --prompt Hello --tokenizer " + (data_dir() / "tokenizers" / "llama3").string(),
+       "the prompt's token id 9906 is beyond LlamaForCausalLM's vocabulary (256 ids): the tokenizer of " +
+           (data_dir() / "tokenizers" / "llama3").string() + " (128256 ids) is not this model's; give --tokenizer"},
+      // A pattern that is not a regular expression, in a few words.
+      {"run --preset tiny-llama --prompt-ids 1 --patch '(Llama=CustomLlamaAttention'",
+       "Invalid regex pattern '(Llama': an unmatched '(' or ')' at position"},
+      // Every projection --quantize cannot take, in one message, with the flags that keep them in float.
+      {"run --model " + (data_dir() / "deepseek_v3_mla_v5").string() + " --prompt-ids 1 --quantize q4_0",
+       "3 projections of " + (data_dir() / "deepseek_v3_mla_v5").string() + " cannot be quantized, their input "
+       "widths not being multiples of 32 (the block size): model.layers.0.self_attn.q_b_proj (48), "
+       "model.layers.1.self_attn.q_b_proj (48), model.layers.2.self_attn.q_b_proj (48); keep them in float with "
+       "--keep-float q_b_proj"},
+  };
+  for (const auto& c : cases) {
+    const auto r = torchpatch_cli(c.args);
+    INFO("torchpatch " << c.args << "\n" << r.out);
+    CHECK(r.code == 1);
+    CHECK_THAT(r.out, Contains(c.message));
+  }
+  CHECK(torchpatch_cli("run --model " + (data_dir() / "deepseek_v3_mla_v5").string() +
+                       " --prompt-ids 1 --quantize q4_0 --keep-float q_b_proj").code == 0);
+}
+
+TEST_CASE("cli progress: a line per stage in a log, a bar on a terminal, nothing under --quiet", "[cli]") {
+  // --progress shows a stage from its start (by default only past two seconds, which these tiny
+  // checkpoints never reach).
+  const ScratchDir out("cli-progress");
+  const std::string save = "save --model " + llama_dir() + " --quantize q8_0 --output " + out.path.string();
+  const auto log = torchpatch_cli(save + " --progress");
+  INFO(log.out);
+  REQUIRE(log.code == 0);
+  CHECK_THAT(log.out, Contains("loading " + llama_dir() + " (quantizing to q8_0): "));
+  CHECK_THAT(log.out, Contains("saving to " + out.path.string() + ": "));
+  CHECK_THAT(log.out, Contains(" MB/s)\n"));
+  CHECK(log.out.find('\r') == std::string::npos);  // a log gets lines, not a redrawn bar
+  CHECK_THAT(log.out, Contains("weights written as q8_0 blocks with their quantization_config"));
+
+  // On a pseudo-terminal (script(1)): the bar, redrawn in place, at 100% when done.
+  const auto tty = shell("script -qec \"" + std::string(TORCHPATCH_CLI) + " " + save + " --progress\" /dev/null");
+  INFO(tty.out);
+  CHECK(tty.code == 0);
+  CHECK_THAT(tty.out, Contains("\rsaving to " + out.path.string() + " [##############################] 100% "));
+
+  // By default a short stage shows nothing; --quiet shows nothing at all, warnings included.
+  CHECK(torchpatch_cli(save).out.find("loading ") == std::string::npos);
+  const auto quiet = torchpatch_cli(save + " --progress --quiet --keep-float lmhead");
+  CHECK(quiet.code == 0);
+  CHECK(quiet.out.find("loading ") == std::string::npos);
+  CHECK(quiet.out.find("warning") == std::string::npos);
+  CHECK_THAT(quiet.out, Contains("saved LlamaForCausalLM"));  // the result itself is not progress
 }
 
 TEST_CASE("cli --help works for every command", "[cli]") {

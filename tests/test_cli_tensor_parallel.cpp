@@ -133,6 +133,14 @@ TEST_CASE("tp: a family whose attention does not split is refused once, before a
   CHECK_THAT(preset.out, Contains(kRefused[1].message()));
 }
 
+TEST_CASE("tp: an error every rank meets is said once", "[cli][dist]") {
+  const auto same = torchpatch_cli("run --tp 2 --preset tiny-llama --prompt-ids 1,999");
+  INFO(same.out);
+  CHECK(same.code == 1);
+  CHECK(count(same.out, "token id 999 at [0, 1] is out of range for vocab_size 256") == 1);
+  CHECK(same.out.find("rank 1: ") == std::string::npos);
+}
+
 TEST_CASE("tp: ranks started by another launcher refuse such a family themselves", "[cli][dist]") {
   for (const auto& c : kRefused) {
     const auto ranks = run_cli_group(2, "run --model " + (data_dir() / c.name).string() + " --prompt-ids 1,2,3");

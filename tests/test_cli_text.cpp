@@ -246,7 +246,7 @@ TEST_CASE("cli text prompts: bad arguments", "[cli][text][errors]") {
       {"generate --preset tiny-llama --prompt Hi --prompt-ids 1 --tokenizer " + llama2, 2, "give exactly one of"},
       {"generate --preset tiny-llama --prompt-file /nonexistent/p.txt --tokenizer " + llama2, 1, "cannot open it"},
       // Llama-2's ids do not fit the tiny preset's 256-token vocabulary.
-      {"generate --preset tiny-llama --prompt Hello --tokenizer " + llama2, 1, "out of range for vocab_size 256"},
+      {"generate --preset tiny-llama --prompt Hello --tokenizer " + llama2, 1, "(32000 ids) is not this model's; give --tokenizer the directory of the model's own tokenizer.json"},
   };
   for (const auto& c : cases) {
     const auto r = torchpatch_cli(c.args);

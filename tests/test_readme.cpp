@@ -25,11 +25,15 @@ bool shows_verbatim(const std::string& doc, const std::string& language, const s
 }
 }  // namespace
 
-TEST_CASE("the README's host-API program is examples/embed_host.cpp", "[readme]") {
+TEST_CASE("the README's host project is examples/embed_host, source and CMakeLists", "[readme]") {
   const auto root = source_root();
-  const auto example = read(root / "examples" / "embed_host.cpp");
-  REQUIRE(!example.empty());
-  CHECK(shows_verbatim(read(root / "README.md"), "cpp", example));
+  const auto readme = read(root / "README.md");
+  const auto source = read(root / "examples" / "embed_host" / "embed_host.cpp");
+  const auto cmake = read(root / "examples" / "embed_host" / "CMakeLists.txt");
+  REQUIRE(!source.empty());
+  REQUIRE(!cmake.empty());
+  CHECK(shows_verbatim(readme, "cpp", source));
+  CHECK(shows_verbatim(readme, "cmake", cmake));
 }
 
 TEST_CASE("docs/plugins.md's built-in subclass is the bundled custom-llama-attention source", "[readme]") {

@@ -162,7 +162,8 @@ int cmd_generate(const std::vector<std::string>& argv) {
 
   const auto host = open_plugin_host(args);
   const BuiltModel built = build_model(*host, args);
-  if (!args.flag("json")) print_load_report(built);
+  check_prompt_fits(tokenizer ? &*tokenizer : nullptr, inputs, built, args);
+  if (!args.flag("json") && !args.flag("quiet")) print_load_report(built);
 
   auto config = read_generation_config(args, built.model->config().decoder, tokenizer ? &*tokenizer : nullptr);
   config.output_logits = args.has("output");  // Hugging Face's output_logits, for generated_logits

@@ -38,7 +38,7 @@ int cmd_plan(const std::vector<std::string>& argv) {
   const auto host = open_plugin_host(args);
   const BuiltModel built = build_model(*host, args);
   const auto& model = *built.model;
-  if (!args.flag("json")) print_load_report(built);
+  if (!args.flag("json") && !args.flag("quiet")) print_load_report(built);
 
   if (args.flag("json")) {
     auto points = nlohmann::json::array();

@@ -129,7 +129,8 @@ int cmd_run(const std::vector<std::string>& argv) {
 
   const auto host = open_plugin_host(args);
   const BuiltModel built = build_model(*host, args);
-  if (!args.flag("json")) print_load_report(built);
+  check_prompt_fits(tokenizer ? &*tokenizer : nullptr, inputs, built, args);
+  if (!args.flag("json") && !args.flag("quiet")) print_load_report(built);
 
   if (args.flag("router-outputs")) {
     if (built.model->config().decoder.moe.num_experts == 0) {

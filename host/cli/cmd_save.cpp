@@ -6,8 +6,10 @@
 
 #include "commands.h"
 #include "launch.h"
+#include "progress.h"
 #include "session.h"
 #include "torchpatch/checkpoint/load.h"
+#include "torchpatch/printable.h"
 
 namespace torchpatch::cli {
 
@@ -34,7 +36,7 @@ int cmd_save(const std::vector<std::string>& argv) {
   options.max_shard_bytes = size_option(args, "max-shard-bytes", options.max_shard_bytes);
   const auto host = open_plugin_host(args);
   const BuiltModel built = build_model(*host, args);
-  print_load_report(built);
+  if (!args.flag("quiet")) print_load_report(built);
   options.conversions = &host->registries().conversions();
   options.dequantize = args.flag("dequantize");
   if (const auto group = process_group(); group && group->rank() != 0) {
@@ -43,7 +45,12 @@ int cmd_save(const std::vector<std::string>& argv) {
     return 0;
   }
   if (args.has("model")) options.companions_from = args.value("model");  // the tokenizer travels with the weights
-  const auto report = checkpoint::save_pretrained(*built.model, args.value("output"), options);
+  checkpoint::SaveReport report;
+  {
+    StageProgress progress("saving to " + printable(args.value("output")), shows_progress(args), progress_after(args));
+    options.progress = progress.callback();
+    report = checkpoint::save_pretrained(*built.model, args.value("output"), options);
+  }
   const auto config = built.model->config_json();
   const auto q = config.find("quantization_config");
   const std::string format = q != config.end() && q->is_object() ? q->value("format", "?") : "";

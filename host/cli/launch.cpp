@@ -1,8 +1,11 @@
 // The --tp launcher: fork/exec one copy of this program per rank, watch them, name the rank that
-// failed, stop the rest within a bounded time, and leave no process behind (also on Ctrl-C).
+// failed, stop the rest within a bounded time, and leave no process behind (also on Ctrl-C). What the
+// ranks print on stderr is said once (RankErrors).
 #include "launch.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -16,6 +19,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <set>
+#include <string>
+#include <vector>
 #include <thread>
 
 #include <filesystem>
@@ -111,6 +117,8 @@ RankExec rank_exec(const std::vector<std::string>& argv, int rank, int world, in
     exec.env_strings.push_back(fmt::format("{}={}", name, value));
   }
   exec.env_strings.push_back("MASTER_ADDR=127.0.0.1");
+  // Rank 0's stderr reaches the terminal through the launcher: its progress may still draw a bar.
+  if (rank == 0 && ::isatty(STDERR_FILENO) == 1) exec.env_strings.push_back("TORCHPATCH_STDERR_IS_TERMINAL=1");
   if (!threads_given) exec.env_strings.push_back(fmt::format("OMP_NUM_THREADS={}", std::max(1L, cores / world)));
   for (auto& e : exec.env_strings) exec.envp.push_back(e.data());
   exec.envp.push_back(nullptr);
@@ -119,7 +127,7 @@ RankExec rank_exec(const std::vector<std::string>& argv, int rank, int world, in
   return exec;
 }
 
-pid_t start_rank(const std::string& self, RankExec& exec) {
+pid_t start_rank(const std::string& self, RankExec& exec, int stderr_fd) {
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid != 0) return pid;
@@ -127,11 +135,89 @@ pid_t start_rank(const std::string& self, RankExec& exec) {
   for (const int signal : {SIGINT, SIGTERM, SIGHUP}) ::signal(signal, SIG_DFL);
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   if (::getppid() != parent) ::_exit(1);
+  if (stderr_fd >= 0) ::dup2(stderr_fd, STDERR_FILENO);
   ::execve(self.c_str(), exec.argv.data(), exec.envp.data());
   static const char message[] = "torchpatch: cannot start a rank\n";
   (void)!::write(2, message, sizeof message - 1);
   ::_exit(127);
 }
+
+// The ranks' standard error: rank 0's passed on as it comes; the others' kept and, once every rank
+// has ended, printed with their rank, without the lines rank 0 printed too: an error every rank meets
+// is said once, and what only another rank met (the cause, often) is still said.
+class RankErrors {
+ public:
+  explicit RankErrors(int world) : read_(world, -1), write_(world, -1), partial_(world), lines_(world) {
+    for (int rank = 0; rank < world; ++rank) {
+      int fds[2];
+      if (::pipe2(fds, O_CLOEXEC) != 0) continue;  // that rank then writes to the launcher's stderr
+      read_[rank] = fds[0];
+      write_[rank] = fds[1];
+    }
+  }
+  ~RankErrors() {
+    for (const int fd : read_) if (fd >= 0) ::close(fd);
+    for (const int fd : write_) if (fd >= 0) ::close(fd);
+  }
+  RankErrors(const RankErrors&) = delete;
+  RankErrors& operator=(const RankErrors&) = delete;
+
+  /// The descriptor rank `rank` gets as its standard error (-1: the launcher's own).
+  int for_rank(int rank) const { return write_[rank]; }
+  /// After the rank's fork: only the child writes to the pipe now.
+  void started(int rank) {
+    if (write_[rank] >= 0) ::close(write_[rank]);
+    write_[rank] = -1;
+    if (read_[rank] >= 0) ::fcntl(read_[rank], F_SETFL, O_NONBLOCK);
+  }
+  /// Waits up to `ms` for output and takes in what there is.
+  void take(int ms) {
+    std::vector<pollfd> fds;
+    for (const int fd : read_) if (fd >= 0) fds.push_back({fd, POLLIN, 0});
+    if (fds.empty() || ::poll(fds.data(), fds.size(), ms) <= 0) {
+      if (fds.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      return;
+    }
+    for (std::size_t rank = 0; rank < read_.size(); ++rank) drain(rank);
+  }
+  /// Every rank has ended: the rest of their output, and the other ranks' lines.
+  void finish() {
+    for (std::size_t rank = 0; rank < read_.size(); ++rank) drain(rank);
+    for (std::size_t rank = 1; rank < lines_.size(); ++rank) {
+      if (!partial_[rank].empty()) lines_[rank].push_back(partial_[rank]);
+      for (const auto& line : lines_[rank]) {
+        if (seen_.insert(line).second) std::cerr << fmt::format("rank {}: {}\n", rank, line);
+      }
+    }
+  }
+
+ private:
+  void drain(std::size_t rank) {
+    if (read_[rank] < 0) return;
+    char buffer[4096];
+    ssize_t n = 0;
+    while ((n = ::read(read_[rank], buffer, sizeof buffer)) > 0) {
+      if (rank == 0) (void)!::write(STDERR_FILENO, buffer, static_cast<std::size_t>(n));
+      auto& partial = partial_[rank];
+      partial.append(buffer, static_cast<std::size_t>(n));
+      for (std::size_t end; (end = partial.find('\n')) != std::string::npos; partial.erase(0, end + 1)) {
+        const auto line = partial.substr(0, end);
+        if (rank == 0) seen_.insert(line);
+        else lines_[rank].push_back(line);
+      }
+      if (rank == 0 && partial.size() > 65536) partial.clear();  // a progress bar redrawn without newlines
+    }
+    if (n == 0) {  // the rank closed it (it ended)
+      ::close(read_[rank]);
+      read_[rank] = -1;
+    }
+  }
+
+  std::vector<int> read_, write_;
+  std::vector<std::string> partial_;
+  std::vector<std::vector<std::string>> lines_;
+  std::set<std::string> seen_;
+};
 
 }  // namespace
 
@@ -169,8 +255,10 @@ std::optional<int> launch_ranks(const std::string& command, std::vector<std::str
   std::vector<pid_t> ranks(world, 0);
   std::vector<RankExec> execs;
   for (int rank = 0; rank < world; ++rank) execs.push_back(rank_exec(argv, rank, world, port));
+  RankErrors errors(world);
   for (int rank = 0; rank < world; ++rank) {
-    ranks[rank] = start_rank(self, execs[rank]);
+    ranks[rank] = start_rank(self, execs[rank], errors.for_rank(rank));
+    errors.started(rank);
     if (ranks[rank] < 0) {
       ranks[rank] = 0;
       std::cerr << fmt::format("torchpatch {}: cannot start rank {}: {}\n", command, rank, std::strerror(errno));
@@ -220,8 +308,9 @@ std::optional<int> launch_ranks(const std::string& command, std::vector<std::str
       terminated = true;
       *failed_at += std::chrono::seconds(2);  // then SIGKILL what is left, 2 s later
     }
-    if (live > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (live > 0) errors.take(20);
   }
+  errors.finish();
   if (interrupted) return 128 + interrupted;
   return code;
 }

@@ -1,5 +1,7 @@
 #include "session.h"
 
+#include "progress.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
@@ -34,6 +36,8 @@ std::vector<OptionSpec> plugin_options() {
       {"allow-world-writable", "", "load plugins from files or directories anyone may write"},
       {"no-probe", "", "load drop-in plugins straight away, without first trying each in a child process"},
       {"json", "", "print JSON"},
+      {"quiet", "", "print no warnings, notes or progress on stderr (errors still)"},
+      {"progress", "", "show the progress of loading and saving from the start (by default: of a stage past 2 s)"},
       {"help", "", "show this help"},
   };
 }
@@ -304,6 +308,7 @@ void warn_unmatched(const BuiltModel& built, const Args& args) {
   }
   if (messages.empty()) return;
   if (args.flag("strict")) throw ConfigError("--strict: " + messages.front());
+  if (args.flag("quiet")) return;
   if (const auto group = process_group(); group && group->rank() != 0) return;
   for (const auto& message : messages) std::cerr << "torchpatch: warning: " << message << " (--strict makes this an error)\n";
 }
@@ -315,6 +320,48 @@ void apply_threads(const Args& args, int64_t fallback) {
   if (threads > 4096) throw UsageError(fmt::format("--threads: {} is more than 4096", threads));
   at::set_num_threads(static_cast<int>(threads));
 }
+
+bool shows_progress(const Args& args) {
+  if (args.flag("quiet")) return false;
+  const auto group = process_group();
+  return !group || group->rank() == 0;
+}
+
+double progress_after(const Args& args) { return args.flag("progress") ? 0.0 : 2.0; }
+
+namespace {
+// --quantize failed: when projections of the model have input widths the 32-weight blocks do not
+// divide, all of them in one message with the --keep-float patterns that keep them in float (the
+// plugin names the first it meets). The model is built again in float to find them.
+void refuse_unquantizable(const ModelSource& source, const PluginHost& host, const Args& args) {
+  auto options = pretrained_options(args, host);
+  const auto keep = options.config_overrides["quantization_config"]["modules_to_not_convert"].get<std::vector<std::string>>();
+  options.config_overrides.erase("quantization_config");
+  std::vector<std::string> paths;
+  std::set<std::string> names;
+  try {
+    for (const auto& point : load_model(source, LoadModelOptions{options, false}).model->patch_points()) {
+      const auto* linear = dynamic_cast<const roles::Linear*>(point.module.get());
+      if (!linear || linear->in_features() % nn::kQuantBlockSize == 0) continue;
+      if (unmatched_paths(keep, {{point.path, {}}}).size() < keep.size()) continue;  // kept in float already
+      paths.push_back(fmt::format("{} ({})", point.path, linear->in_features()));
+      names.insert(point.path.substr(point.path.rfind('.') + 1));
+    }
+  } catch (const Error&) {
+    return;  // the float model fails too: its own error is the one to see
+  }
+  if (paths.empty()) return;
+  std::vector<std::string> flags;
+  for (const auto& name : names) flags.push_back("--keep-float " + name);
+  const bool one = paths.size() == 1;
+  throw ConfigError(fmt::format("--quantize {}: {} projection{} of {} cannot be quantized, {} not being {} of 32 (the "
+                                "block size): {}; keep {} in float with {}",
+                                args.value("quantize"), paths.size(), one ? "" : "s",
+                                printable(args.has("model") ? args.value("model") : args.value("preset")),
+                                one ? "its input width" : "their input widths", one ? "a multiple" : "multiples",
+                                fmt::join(paths, ", "), one ? "it" : "them", fmt::join(flags, " ")));
+}
+}  // namespace
 
 BuiltModel build_model(PluginHost& host, const Args& args) {
   apply_patch_args(host, args);
@@ -328,7 +375,18 @@ BuiltModel build_model(PluginHost& host, const Args& args) {
     throw UsageError("--quantize: quantized projections do not split between processes yet; run without --tp");
   }
   const auto patches = parallel_patches(host);
-  auto built = load_model(source, LoadModelOptions{pretrained_options(args, host), args.flag("strict")});
+  BuiltModel built;
+  try {
+    auto options = pretrained_options(args, host);
+    const auto stage = fmt::format("loading {}{}", printable(args.value("model")),
+                                   args.has("quantize") ? " (quantizing to " + args.value("quantize") + ")" : "");
+    StageProgress progress(stage, shows_progress(args), progress_after(args));
+    options.progress = progress.callback();
+    built = load_model(source, LoadModelOptions{options, args.flag("strict")});
+  } catch (const ConfigError&) {
+    if (args.has("quantize")) refuse_unquantizable(source, host, args);
+    throw;
+  }
   if (group) require_split_attention(built, host.registries());
   warn_unmatched(built, args);
   return built;
@@ -429,6 +487,19 @@ ModelInputs read_model_inputs(const Args& args, const text::Tokenizer* tokenizer
   in.position_ids = read("position_ids");
   in.token_type_ids = read("token_type_ids");
   return in;
+}
+
+void check_prompt_fits(const text::Tokenizer* tokenizer, const ModelInputs& inputs, const BuiltModel& built,
+                       const Args& args) {
+  if (!tokenizer || !inputs.input_ids.defined() || inputs.input_ids.numel() == 0) return;
+  const int64_t vocab = built.model->config().decoder.vocab_size, largest = inputs.input_ids.max().item<int64_t>();
+  if (largest < vocab) return;
+  throw ConfigError(fmt::format("the prompt's token id {} is beyond {}'s vocabulary ({} ids): the tokenizer of {} ({} "
+                                "ids) is not this model's; give --tokenizer the directory of the model's own "
+                                "tokenizer.json",
+                                largest, built.model->class_name(), vocab,
+                                printable(args.has("tokenizer") ? args.value("tokenizer") : args.value("model")),
+                                tokenizer->vocab_size()));
 }
 
 void print_load_report(const BuiltModel& built) {

@@ -58,6 +58,11 @@ std::shared_ptr<dist::ProcessGroup> process_group();
 /// (build_model opens it itself); nullopt outside a group.
 std::optional<ScopedPatchMapping> parallel_patches(PluginHost& host);
 
+/// Whether this process shows progress on stderr: not under --quiet, and rank 0 alone in a group.
+bool shows_progress(const Args& args);
+/// After how many seconds a stage's progress shows: 0 under --progress, else 2.
+double progress_after(const Args& args);
+
 /// --threads N (every model command): LibTorch's intra-op threads; without it `fallback` when
 /// positive, else LibTorch's default.
 void apply_threads(const Args& args, int64_t fallback = 0);
@@ -93,6 +98,11 @@ ModelInputs read_model_inputs(const Args& args, const text::Tokenizer* tokenizer
 
 /// Prints a loading report that is not clean (to stderr), one line per key.
 void print_load_report(const BuiltModel& built);
+
+/// A text prompt whose ids the model's vocabulary does not hold: ConfigError saying that the tokenizer
+/// is not the model's and pointing at --tokenizer (nothing when the ids were given, not encoded).
+void check_prompt_fits(const text::Tokenizer* tokenizer, const ModelInputs& inputs, const BuiltModel& built,
+                       const Args& args);
 
 
 /// Sum of each patched class's counters over its modules, e.g. "CustomLlamaAttention: calls=6 (2 modules)".

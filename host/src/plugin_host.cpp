@@ -1,5 +1,6 @@
 #include "torchpatch/plugin_host.h"
 
+#include <dlfcn.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -582,6 +583,14 @@ fs::path default_probe_cache() {
 }
 
 fs::path bundled_plugin_dir() {
+  // Beside the library that holds this function (libtorchpatch_host.so in <prefix>/lib, or in the
+  // build tree's lib/), whichever program loaded it: an installed package's own plugins.
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<const void*>(&bundled_plugin_dir), &info) != 0 && info.dli_fname != nullptr) {
+    std::error_code ec;
+    const auto library = fs::canonical(info.dli_fname, ec);
+    if (!ec) return library.parent_path() / "torchpatch" / "plugins";
+  }
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (ec) return {};

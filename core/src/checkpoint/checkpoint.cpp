@@ -19,6 +19,29 @@ namespace torchpatch::checkpoint {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// A directory without safetensors weights: what it holds instead, and what to do about it.
+std::string no_weights_message(const fs::path& dir) {
+  std::string found;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const auto name = it->path().filename().string();
+    const auto ext = it->path().extension().string();
+    if (ext == ".bin" || ext == ".pt" || ext == ".pth") {
+      found = fmt::format("; it holds {}, PyTorch's pickle format, which torchpatch does not read (loading it "
+                          "runs code from the file): convert it once with transformers, "
+                          "AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(DIR, safe_serialization=True)",
+                          name);
+      break;
+    }
+    if (ext == ".gguf") found = fmt::format("; it holds {}, llama.cpp's format: give the Hugging Face checkpoint it came from", name);
+  }
+  return fmt::format("{}: no model.safetensors or model.safetensors.index.json{}", dir.string(), found);
+}
+
+}  // namespace
+
 DirectoryHandle DirectoryHandle::open(const fs::path& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) {
@@ -60,7 +83,7 @@ Checkpoint Checkpoint::open(const fs::path& path) {
     return ckpt;
   }
   if (!fs::is_directory(path, ec)) {
-    throw CheckpointError(fmt::format("{}: no model.safetensors or model.safetensors.index.json", path.string()));
+    throw CheckpointError(no_weights_message(path));
   }
   return open(DirectoryHandle::open(path));
 }
@@ -110,7 +133,7 @@ Checkpoint Checkpoint::open(const DirectoryHandle& dir) {
   } else if (path_exists(dir.file("model.safetensors"))) {
     add(SafetensorsFile::open(dir.file("model.safetensors"), path / "model.safetensors"));
   } else {
-    throw CheckpointError(fmt::format("{}: no model.safetensors or model.safetensors.index.json", path.string()));
+    throw CheckpointError(no_weights_message(path));
   }
   for (const auto& [name, file] : ckpt.where_) ckpt.keys_.push_back(name);
   std::sort(ckpt.keys_.begin(), ckpt.keys_.end(), natural_key_less);

@@ -5,6 +5,8 @@
 #include <mutex>
 
 #include <boost/regex.hpp>
+
+#include "base/regex_message.h"
 #include <fmt/format.h>
 
 #include "torchpatch/error.h"
@@ -153,7 +155,7 @@ boost::regex compile_source(const std::string& pattern) {
   try {
     return boost::regex(rx, boost::regex::ECMAScript);
   } catch (const boost::regex_error& e) {
-    throw Error(fmt::format("conversion pattern '{}' is not a valid regular expression: {}", pattern, e.what()));
+    throw Error(fmt::format("conversion pattern '{}' is not a valid regular expression: {}", pattern, regex_problem(e)));
   }
 }
 

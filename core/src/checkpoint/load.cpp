@@ -272,11 +272,15 @@ class WeightLoad {
     report_.strict = options.strict;
     reject_non_finite_ = options.reject_non_finite;
     copy_mapped_ = options.copy_mapped;
+    progress_ = options.progress;
   }
 
   LoadReport run() {
     route_keys();
     at::NoGradGuard no_grad;
+    if (progress_) {
+      for (const auto& key : ckpt_.keys()) total_bytes_ += static_cast<int64_t>(ckpt_.tensor(key).nbytes());
+    }
     load_direct();
     load_converted();
     find_missing();
@@ -351,10 +355,18 @@ class WeightLoad {
     return other != partner_.end() && loaded_.count(other->second);
   }
 
+  void advance(std::size_t bytes) {
+    if (!progress_) return;
+    done_bytes_ += static_cast<int64_t>(bytes);
+    progress_(done_bytes_, total_bytes_);
+  }
+
   void load_direct() {
     // Tied names share one tensor: load it once (from the first of the pair the checkpoint has).
     for (const auto& [key, name] : direct_) {
-      if (!partner_loaded(name)) store(name, ckpt_.tensor(key));
+      const auto value = ckpt_.tensor(key);
+      if (!partner_loaded(name)) store(name, value);
+      advance(value.nbytes());
     }
   }
 
@@ -364,7 +376,11 @@ class WeightLoad {
       if (report_.conversion_errors.count(target)) continue;
       const Group& group = groups_.at(target);
       try {
-        auto produced = run_group(group, [&](const std::string& k) { return ckpt_.tensor(k); });
+        auto produced = run_group(group, [&](const std::string& k) {
+          auto value = ckpt_.tensor(k);
+          advance(value.nbytes());
+          return value;
+        });
         for (const auto& [name, value] : follow_on(plan_, std::move(produced), group.scope, /*inward=*/true, used)) {
           store(name, value);
         }
@@ -430,6 +446,8 @@ class WeightLoad {
   LoadReport report_;
   bool reject_non_finite_ = false;
   bool copy_mapped_ = false;
+  Progress progress_;
+  int64_t done_bytes_ = 0, total_bytes_ = 0;
   std::vector<std::pair<std::string, std::string>> direct_;  // checkpoint key -> model key
   Groups groups_;
   std::set<std::string> loaded_;
@@ -539,18 +557,24 @@ bool checkpoint_file(const std::string& name) {
 // Writes config.json and the weights (one file, or shards and their index) into `dir`.
 void write_checkpoint(const Loadable& model, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                       const fs::path& dir, const SaveOptions& options) {
+  int64_t total = 0, done = 0;
+  for (const auto& [key, tensor] : tensors) total += static_cast<int64_t>(tensor.nbytes());
+  const auto wrote = [&](int64_t bytes) {
+    done += bytes;
+    if (options.progress) options.progress(done, total);
+  };
   nlohmann::json config = model.config_json();
   if (options.dequantize) config.erase("quantization_config");
   if (!config.contains("architectures")) config["architectures"] = {model.class_name()};
   write_file_atomically(dir / "config.json", config.dump(2) + "\n");
   const std::map<std::string, std::string> metadata{{"format", "pt"}};
   const auto shards = split_shards(tensors, options.max_shard_bytes);
-  if (shards.size() == 1) return save_safetensors(dir / "model.safetensors", shards.front(), metadata);
+  if (shards.size() == 1) return save_safetensors(dir / "model.safetensors", shards.front(), metadata, wrote);
   nlohmann::json weight_map = nlohmann::json::object();
   int64_t total_bytes = 0;
   for (std::size_t i = 0; i < shards.size(); ++i) {
     const std::string name = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
-    save_safetensors(dir / name, shards[i], metadata);
+    save_safetensors(dir / name, shards[i], metadata, wrote);
     for (const auto& [key, tensor] : shards[i]) {
       weight_map[key] = name;
       total_bytes += static_cast<int64_t>(tensor.numel() * tensor.element_size());

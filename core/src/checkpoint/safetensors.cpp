@@ -313,7 +313,8 @@ at::Tensor SafetensorsFile::tensor(const std::string& name) const {
 
 void save_safetensors(const std::filesystem::path& path,
                       const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+                      const std::map<std::string, std::string>& metadata,
+                      const std::function<void(int64_t bytes)>& wrote) {
   const std::string where = path.string();
   auto fail = [&](const std::string& cause) { return CheckpointError(fmt::format("{}: {}", where, cause)); };
 
@@ -360,6 +361,7 @@ void save_safetensors(const std::filesystem::path& path,
   out.write(header_text);
   for (const auto& c : contiguous) {
     if (c.numel() > 0) out.write(c.data_ptr(), static_cast<size_t>(c.nbytes()));
+    if (wrote) wrote(static_cast<int64_t>(c.nbytes()));
   }
   out.commit();
 }

@@ -475,6 +475,12 @@ ModelConfig ModelConfig::from_file(const std::filesystem::path& path, const Fami
   // there is refused as one).
   const auto file = source.empty() && std::filesystem::is_directory(path) ? path / "config.json" : path;
   const std::string name = source.empty() ? file.string() : source;
+  for (const char* weights : {".safetensors", ".bin", ".gguf", ".pt", ".pth"}) {
+    if (file.extension() != weights) continue;
+    throw ConfigError(fmt::format("{}: a weights file, not a checkpoint: give the directory that holds it and its "
+                                  "config.json ({})",
+                                  name, file.parent_path().empty() ? "." : file.parent_path().string()));
+  }
   if (!path_exists(file)) {
     throw ConfigError(fmt::format("{}: no config file (a checkpoint directory holds config.json and "
                                   "model.safetensors)",

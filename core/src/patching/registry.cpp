@@ -7,6 +7,8 @@
 #include <boost/regex.hpp>
 #include <fmt/format.h>
 
+#include "base/regex_message.h"
+
 #include "torchpatch/error.h"
 #include "torchpatch/printable.h"
 #include "torchpatch/patching/build.h"
@@ -28,7 +30,7 @@ std::shared_ptr<const PatchMapping::CompiledPattern> compile_pattern(const std::
   } catch (const boost::regex_error& e) {
     throw PatchError(fmt::format("Invalid regex pattern '{}': {}. Use an exact class name or a valid "
                                  "regular expression.",
-                                 key, e.what()));
+                                 key, regex_problem(e)));
   }
 }
 

@@ -150,7 +150,7 @@ std::shared_ptr<PretrainedModel> from_pretrained(const std::filesystem::path& di
   if (options.dtype) model->to(*options.dtype);
   auto result = checkpoint::load_weights(
       *model, weights, checkpoint::LoadOptions{options.strict, &registries.conversions(), options.reject_non_finite,
-                                               options.copy_weights});
+                                               options.copy_weights, options.progress});
   if (report) *report = std::move(result);
   return model;
 }

@@ -161,7 +161,9 @@ class PluginHost {
 /// `$XDG_CACHE_HOME/torchpatch` or `~/.cache/torchpatch`; empty when none of them is set.
 std::filesystem::path default_probe_cache();
 
-/// Where the bundled plugins live relative to the running executable (`<exe>/../lib/torchpatch/plugins`).
+/// The bundled plugins of the libtorchpatch_host this program runs on: `torchpatch/plugins` beside
+/// the library (`<prefix>/lib/torchpatch/plugins` for an installed package, `build/lib/...` in a
+/// build tree), whichever program or directory the host runs from.
 std::filesystem::path bundled_plugin_dir();
 
 }  // namespace torchpatch

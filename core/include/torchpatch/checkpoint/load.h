@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -56,6 +57,9 @@ struct TORCHPATCH_API LoadReport {
   nlohmann::json to_json() const;
 };
 
+/// Told as a load or a save goes: the bytes of tensors done so far, of `total` in all.
+using Progress = std::function<void(int64_t done, int64_t total)>;
+
 struct TORCHPATCH_API LoadOptions {
   /// Any missing, unexpected, mismatched key or conversion error throws CheckpointError with the
   /// whole report. Non-strict: what is missing keeps its initial values and the report says so.
@@ -68,6 +72,8 @@ struct TORCHPATCH_API LoadOptions {
   /// checkpoint's memory mapping. Loading takes longer and, while it runs, holds the mapped pages and
   /// the copies; decoding reads the copies faster (docs/quantization.md, "Mapped or copied weights").
   bool copy_mapped = false;
+  /// Hears the checkpoint's bytes loaded (converted, quantized) so far.
+  Progress progress;
 };
 
 /// The rules that apply to `model`: its class name's (else its model_type's), then the rules of each
@@ -98,6 +104,8 @@ struct TORCHPATCH_API SaveOptions {
   /// are written beside the new checkpoint, so the copy tokenizes and generates as the original
   /// does. Empty: none.
   std::filesystem::path companions_from;
+  /// Hears the bytes of weights written so far.
+  Progress progress;
 };
 
 /// The files beside the weights that a checkpoint directory carries for tokenizing and generating:

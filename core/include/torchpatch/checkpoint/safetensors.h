@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -84,9 +85,11 @@ class TORCHPATCH_API SafetensorsFile : public std::enable_shared_from_this<Safet
 
 /// Writes `tensors` (in the given order) to `path` atomically: a temporary file in the same
 /// directory, flushed, then renamed over `path`. The header is padded to a multiple of 8 bytes.
-/// Non-contiguous tensors are made contiguous; tensors must be on CPU.
+/// Non-contiguous tensors are made contiguous; tensors must be on CPU. `wrote` hears each tensor's
+/// bytes as they are written (progress).
 TORCHPATCH_API void save_safetensors(const std::filesystem::path& path,
                       const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata = {});
+                      const std::map<std::string, std::string>& metadata = {},
+                      const std::function<void(int64_t bytes)>& wrote = {});
 
 }  // namespace torchpatch::checkpoint

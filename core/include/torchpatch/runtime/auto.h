@@ -46,6 +46,8 @@ struct TORCHPATCH_API PretrainedOptions {
   /// Copy weights out of the memory-mapped checkpoint (checkpoint::LoadOptions::copy_mapped): a
   /// slower load, a faster decode.
   bool copy_weights = false;
+  /// Hears the checkpoint's bytes loaded so far (checkpoint::LoadOptions::progress).
+  checkpoint::Progress progress;
 };
 
 /// `config` with `overrides` written over its config.json fields, parsed again by the families of

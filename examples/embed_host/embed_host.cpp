@@ -1,4 +1,5 @@
 // Embedding the plugin host: load plugins, choose a replacement, build a model and run it.
+#include <filesystem>
 #include <iostream>
 
 #include <ATen/ATen.h>
@@ -7,13 +8,14 @@
 #include "torchpatch/plugin_host.h"
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::cerr << "usage: embed_host PLUGIN_DIR\n";
+  if (argc > 2) {
+    std::cerr << "usage: embed_host [PLUGIN_DIR]   (default: the bundled plugins of the torchpatch it runs on)\n";
     return 2;
   }
   // A catalogue: classes are offered by name; PluginMode::DropIn would register their keys at once.
   torchpatch::PluginHost host;
-  host.load_directory(argv[1], torchpatch::PluginMode::Catalogue);
+  host.load_directory(argc == 2 ? std::filesystem::path(argv[1]) : torchpatch::bundled_plugin_dir(),
+                      torchpatch::PluginMode::Catalogue);
   for (const auto& plugin : host.plugins()) {
     std::cout << plugin.status_name() << " " << plugin.path.string() << " " << plugin.reason << "\n";
   }

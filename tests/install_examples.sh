@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The plugin author's kit, end to end: install this build into a fresh prefix, build
-# examples/first_plugin against the installed package as an outside project does, and run the
-# installed CLI with it.
+# The plugin author's and the host author's kits, end to end: install this build into a fresh
+# prefix, build examples/first_plugin and examples/embed_host against the installed package as
+# outside projects do, run the installed CLI with the plugin, and run the host, which finds the
+# installed bundled plugins by itself.
 #
-# usage: install_first_plugin.sh BUILD_DIR EXAMPLE_SOURCE_DIR LLAMA_CHECKPOINT_DIR CMAKE
+# usage: install_examples.sh BUILD_DIR EXAMPLES_SOURCE_DIR LLAMA_CHECKPOINT_DIR CMAKE
 set -euo pipefail
 
-build_dir=$1 example_dir=$2 checkpoint=$3 cmake=$4
+build_dir=$1 examples_dir=$2 checkpoint=$3 cmake=$4
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/torchpatch-install-test.XXXXXX")
 # `cmake --install` writes install_manifest.txt into the build tree: put back whatever was there.
@@ -67,7 +68,7 @@ if command -v ccache >/dev/null; then
   export CCACHE_BASEDIR=$work
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 fi
-"$cmake" -S "$example_dir" -B "$plugin_build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON "${launcher[@]}" \
+"$cmake" -S "$examples_dir/first_plugin" -B "$plugin_build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON "${launcher[@]}" \
   >"$work/configure.log" 2>&1 || { cat "$work/configure.log"; fail "configuring the example"; }
 found=$(grep '^torchpatch_DIR:' "$plugin_build/CMakeCache.txt")
 [[ $found == "torchpatch_DIR:PATH=$prefix/lib/cmake/torchpatch" ]] || fail "torchpatch found elsewhere: $found"
@@ -126,5 +127,19 @@ out=$("$cli" verify --model "$checkpoint" --inputs "$checkpoint/reference.safete
 echo "$out"
 expect_line "$out" "model.layers.0.mlp: LlamaMLP -> MyLlamaMLP" 1
 expect_line "$out" "PASS" 1
+
+echo "== configure and build examples/embed_host against $prefix"
+host_build=$work/embed_host-build
+"$cmake" -S "$examples_dir/embed_host" -B "$host_build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" "${launcher[@]}" \
+  >"$work/host-configure.log" 2>&1 || { cat "$work/host-configure.log"; fail "configuring the host"; }
+expect_line "$(cat "$work/host-configure.log")" "bundled plugins in $prefix/lib/torchpatch/plugins" 1
+"$cmake" --build "$host_build" >"$work/host-build.log" 2>&1 || { cat "$work/host-build.log"; fail "building the host"; }
+
+echo "== $host_build/embed_host, run from elsewhere with no arguments"
+out=$(cd "$work" && "$host_build/embed_host") || { echo "$out"; fail "the host failed"; }
+echo "$out"
+# It found the installed package's bundled plugins on its own, and replaced attention with one.
+expect_line "$out" "loaded $prefix/lib/torchpatch/plugins/custom_llama_attention.so" 1
+expect_line "$out" "model.layers.1.self_attn: LlamaAttention -> CustomLlamaAttention (plugin custom-llama-attention 1.0.0" 1
 
 echo "PASS"
