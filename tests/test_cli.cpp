@@ -230,6 +230,32 @@ TEST_CASE("cli usage errors exit with 2 and say what is wrong", "[cli][errors]")
   }
 }
 
+TEST_CASE("cli option values are taken as given: dashes, brackets, commas; flags take none", "[cli]") {
+  // A value may start with '-' or hold brackets and commas; an argument after "--" is never an option.
+  const auto tokenizer = (data_dir() / "tokenizers" / "llama2").string();
+  const auto bracket = torchpatch_cli("tokenize --tokenizer " + tokenizer + " --json '[INST]'");
+  const auto plain = torchpatch_cli("tokenize --tokenizer " + tokenizer + " --json INST");
+  REQUIRE(bracket.code == 0);
+  CHECK(nlohmann::json::parse(bracket.out)["tokens"] != nlohmann::json::parse(plain.out)["tokens"]);
+  CHECK(nlohmann::json::parse(bracket.out)["tokens"].size() > nlohmann::json::parse(plain.out)["tokens"].size());
+  const auto dash = torchpatch_cli("tokenize --tokenizer " + tokenizer + " --json -- -x");
+  REQUIRE(dash.code == 0);
+  CHECK(nlohmann::json::parse(dash.out)["tokens"].size() >= 1);
+  const auto prompt = torchpatch_cli("run --preset tiny-llama --prompt-ids 1 --output=/dev/null --top-k=1");
+  CHECK(prompt.code == 0);
+  struct Case {
+    std::string args, message;
+  };
+  for (const auto& c : {Case{"run --preset tiny-llama --prompt-ids 1 --quiet=false", "option '--quiet' takes no value"},
+                        Case{"run --preset tiny-llama --prompt-ids= --json", "option '--prompt-ids' needs a value IDS, not an empty one"},
+                        Case{"run --preset tiny-llama --prompt-ids 1 --top-k 1 --top 2", "option '--top-k' given twice"}}) {
+    const auto r = torchpatch_cli(c.args);
+    INFO(c.args << "\n" << r.out);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.out, Contains(c.message));
+  }
+}
+
 TEST_CASE("cli runtime errors exit with 1 and name the cause", "[cli][errors]") {
   struct Case {
     std::string args, message;

@@ -20,6 +20,8 @@
 #include <nlohmann/json.hpp>
 
 #include "torchpatch/checkpoint/checkpoint.h"
+#include "torchpatch/checkpoint/load.h"
+#include "torchpatch/runtime/auto.h"
 
 using Catch::Matchers::Contains;
 using namespace testutil;
@@ -402,13 +404,23 @@ TEST_CASE("routing replay --tp: the loss and the router gradient of one process"
   const std::vector<std::tuple<std::string, std::string, int>> runs{
       {"qwen2_moe_basic", "3,1,4,1,5,9,2,6", 2}, {"qwen3_moe_basic", "3,1,4,1,5,9,2,6", 2},
       {"qwen2_moe_basic", "3,1", 4}, {"qwen3_moe_basic", "7,2", 4},
-      {"olmoe_basic_v5", "3,1,4,1,5,9,2,6", 2}};  // its q/k norms' squares summed over the ranks, and their gradients
+      // Its q/k norms' squares summed over the ranks, and their gradients; an OLMoE with two key/value
+      // heads over four ranks holds each on two ranks, whose k norm must count it once.
+      {"olmoe_basic_v5", "3,1,4,1,5,9,2,6", 2}, {"olmoe-two-kv-heads", "3,1,4,1,5,9,2,6", 4}};
+  const ScratchDir replicated("tp-olmoe-two-kv-heads");
+  {
+    auto config = torchpatch::preset_config("tiny-olmoe").to_json();
+    config["num_key_value_heads"] = 2;
+    const auto model = torchpatch::from_config(torchpatch::ModelConfig::from_json(config));
+    torchpatch::init_random_weights(*model, 0);
+    torchpatch::checkpoint::save_pretrained(*model, replicated.path);
+  }
   for (const auto& [name, ids, world] : runs) {
     INFO(name << " over " << world << " ranks");
     const auto routes = temp_file(name + "-replay-routes.npy");
-    const auto model = (data_dir() / name).string();
-    REQUIRE(torchpatch_cli("routing record --prompt-ids " + ids + " --model " + model + " --out " + routes.string()).code == 0);
-    const auto replay = "routing replay --json --ids " + ids + " --model " + model + " --routes " + routes.string();
+    const auto model = "--model " + (name == "olmoe-two-kv-heads" ? replicated.path : data_dir() / name).string();
+    REQUIRE(torchpatch_cli("routing record --prompt-ids " + ids + " " + model + " --out " + routes.string()).code == 0);
+    const auto replay = "routing replay --json --ids " + ids + " " + model + " --routes " + routes.string();
     const auto one = torchpatch_cli(replay), two = torchpatch_cli(replay + " --tp " + std::to_string(world));
     INFO(one.out << "\n" << two.out);
     REQUIRE(one.code == 0);

@@ -40,6 +40,43 @@ const OptionSpec* find_spec(const std::vector<OptionSpec>& specs, const std::str
 }  // namespace
 
 Args::Args(const std::vector<OptionSpec>& specs, const std::vector<std::string>& argv, std::size_t max_positional) {
+  // Options and their values are told apart from the other arguments here, as the commands define
+  // them (a value may start with '-' or hold brackets and commas; after "--" everything is an
+  // argument); CLI11 then parses the options, each value given inline.
+  std::vector<std::string> tokens;
+  bool ended = false;
+  for (std::size_t i = 0; i < argv.size(); ++i) {
+    const std::string arg = argv[i] == "-h" && !ended ? "--help" : argv[i];
+    if (!ended && arg == "--" && max_positional > 0) {
+      ended = true;
+      continue;
+    }
+    if (ended || arg.rfind("--", 0) != 0) {
+      if (positional_.size() >= max_positional) throw UsageError(fmt::format("unexpected argument '{}'", printable(arg, 100)));
+      positional_.push_back(arg);
+      continue;
+    }
+    const auto eq = arg.find('=');
+    const std::string name = arg.substr(0, eq);
+    const auto* spec = find_spec(specs, name);
+    if (!spec) throw UsageError(fmt::format("unknown option '{}'", printable(name, 100)));
+    if (spec->value_name.empty()) {
+      if (eq != std::string::npos) throw UsageError(fmt::format("option '{}' takes no value", name));
+      tokens.push_back(name);
+      continue;
+    }
+    std::string value;
+    if (eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+    } else if (i + 1 < argv.size() && !find_spec(specs, argv[i + 1].substr(0, argv[i + 1].find('=')))) {
+      value = argv[++i];
+    } else {
+      throw UsageError(fmt::format("option '{}' needs a value {}", name, spec->value_name));
+    }
+    if (value.empty()) throw UsageError(fmt::format("option '{}' needs a value {}, not an empty one", name, spec->value_name));
+    tokens.push_back(name + "=" + value);
+  }
+
   CLI::App app;
   app.set_help_flag();  // --help is a spec of its own, printed by the command
   app.allow_extras(false);
@@ -48,28 +85,16 @@ Args::Args(const std::vector<OptionSpec>& specs, const std::vector<std::string>&
     accepted_.insert(spec.name);
     std::string names = "--" + spec.name;
     for (const auto& alias : spec.aliases) names += ",--" + alias;
-    if (spec.name == "help") names += ",-h";
     auto* option = spec.value_name.empty() ? app.add_flag(names) : app.add_option(names)->expected(1);
     option->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
     options[spec.name] = option;
   }
-  if (max_positional > 0) app.add_option("arguments", positional_)->expected(0, CLI::detail::expected_max_vector_size);
-  // An option whose value is missing (last, or followed by another option) is named as such.
-  for (std::size_t i = 0; i < argv.size() && argv[i] != "--"; ++i) {
-    const auto* spec = find_spec(specs, argv[i]);
-    if (!spec || spec->value_name.empty()) continue;
-    if (i + 1 == argv.size() || find_spec(specs, argv[i + 1].substr(0, argv[i + 1].find('=')))) {
-      throw UsageError(fmt::format("option '{}' needs a value {}", argv[i], spec->value_name));
-    }
-    ++i;
-  }
-  std::vector<std::string> reversed(argv.rbegin(), argv.rend());  // CLI11 takes them last first
+  std::vector<std::string> reversed(tokens.rbegin(), tokens.rend());  // CLI11 takes them last first
   try {
     app.parse(reversed);
   } catch (const CLI::ParseError& e) {
     usage_error_from(e, app);
   }
-  if (positional_.size() > max_positional) throw UsageError(fmt::format("unexpected argument '{}'", printable(positional_[max_positional], 100)));
   for (const auto& spec : specs) {
     const auto* option = options.at(spec.name);
     if (option->count() == 0) continue;

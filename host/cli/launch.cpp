@@ -147,7 +147,8 @@ pid_t start_rank(const std::string& self, RankExec& exec, int stderr_fd) {
 // is said once, and what only another rank met (the cause, often) is still said.
 class RankErrors {
  public:
-  explicit RankErrors(int world) : read_(world, -1), write_(world, -1), partial_(world), lines_(world) {
+  explicit RankErrors(int world)
+      : read_(world, -1), write_(world, -1), partial_(world), lines_(world), dropped_(world, 0) {
     for (int rank = 0; rank < world; ++rank) {
       int fds[2];
       if (::pipe2(fds, O_CLOEXEC) != 0) continue;  // that rank then writes to the launcher's stderr
@@ -182,28 +183,35 @@ class RankErrors {
   }
   /// Every rank has ended: the rest of their output, and the other ranks' lines.
   void finish() {
-    for (std::size_t rank = 0; rank < read_.size(); ++rank) drain(rank);
+    for (std::size_t rank = 0; rank < read_.size(); ++rank) {
+      // Bounded: a rank's own child may still hold the pipe and write.
+      for (int i = 0; i < 64 && read_[rank] >= 0 && has_data(read_[rank]); ++i) drain(rank);
+    }
     for (std::size_t rank = 1; rank < lines_.size(); ++rank) {
       if (!partial_[rank].empty()) lines_[rank].push_back(partial_[rank]);
       for (const auto& line : lines_[rank]) {
         if (seen_.insert(line).second) std::cerr << fmt::format("rank {}: {}\n", rank, line);
       }
+      if (dropped_[rank] > 0) std::cerr << fmt::format("rank {}: ({} more lines not shown)\n", rank, dropped_[rank]);
     }
   }
 
  private:
+  // What the rank has written, up to 64 KiB a call, so a rank that floods its stderr cannot keep the
+  // launcher from watching the ranks.
   void drain(std::size_t rank) {
     if (read_[rank] < 0) return;
     char buffer[4096];
     ssize_t n = 0;
-    while ((n = ::read(read_[rank], buffer, sizeof buffer)) > 0) {
+    for (int chunks = 0; chunks < 16 && (n = ::read(read_[rank], buffer, sizeof buffer)) > 0; ++chunks) {
       if (rank == 0) (void)!::write(STDERR_FILENO, buffer, static_cast<std::size_t>(n));
       auto& partial = partial_[rank];
       partial.append(buffer, static_cast<std::size_t>(n));
       for (std::size_t end; (end = partial.find('\n')) != std::string::npos; partial.erase(0, end + 1)) {
         const auto line = partial.substr(0, end);
         if (rank == 0) seen_.insert(line);
-        else lines_[rank].push_back(line);
+        else if (lines_[rank].size() < kKeptLines) lines_[rank].push_back(line);
+        else ++dropped_[rank];
       }
       if (rank == 0 && partial.size() > 65536) partial.clear();  // a progress bar redrawn without newlines
     }
@@ -213,9 +221,16 @@ class RankErrors {
     }
   }
 
+  static bool has_data(int fd) {
+    pollfd p{fd, POLLIN, 0};
+    return ::poll(&p, 1, 0) > 0;
+  }
+
+  static constexpr std::size_t kKeptLines = 200;  ///< of each other rank
   std::vector<int> read_, write_;
   std::vector<std::string> partial_;
   std::vector<std::vector<std::string>> lines_;
+  std::vector<std::size_t> dropped_;
   std::set<std::string> seen_;
 };
 

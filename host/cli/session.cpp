@@ -347,8 +347,8 @@ void refuse_unquantizable(const ModelSource& source, const PluginHost& host, con
       paths.push_back(fmt::format("{} ({})", point.path, linear->in_features()));
       names.insert(point.path.substr(point.path.rfind('.') + 1));
     }
-  } catch (const Error&) {
-    return;  // the float model fails too: its own error is the one to see
+  } catch (const std::exception&) {
+    return;  // the float model fails too (or does not fit): the quantized build's own error is the one to see
   }
   if (paths.empty()) return;
   std::vector<std::string> flags;
@@ -378,7 +378,7 @@ BuiltModel build_model(PluginHost& host, const Args& args) {
   BuiltModel built;
   try {
     auto options = pretrained_options(args, host);
-    const auto stage = fmt::format("loading {}{}", printable(args.value("model")),
+    const auto stage = fmt::format("loading {}{}", printable(args.has("model") ? args.value("model") : "preset " + args.value("preset")),
                                    args.has("quantize") ? " (quantizing to " + args.value("quantize") + ")" : "");
     StageProgress progress(stage, shows_progress(args), progress_after(args));
     options.progress = progress.callback();

@@ -189,7 +189,9 @@ class SummedRmsNorm : public torchpatch::nn::RmsNorm {
     all_reduce(group_, total);
     // The whole vector's sum as the value, and in a backward pass the ranks' gradients of it summed,
     // since every rank's output depends on it.
-    auto summed = squares + (total / static_cast<double>(replicas_) - squares.detach());
+    // Each part is held by `replicas_` ranks, so the total counts it that many times: the value is
+    // total / replicas, and its derivative in this rank's squares 1 / replicas.
+    auto summed = (squares + (total - squares.detach())) / static_cast<double>(replicas_);
     if (group_ && summed.requires_grad()) {
       auto group = group_;
       summed.register_hook([group](const at::Tensor& grad) {

@@ -279,7 +279,7 @@ class WeightLoad {
     route_keys();
     at::NoGradGuard no_grad;
     if (progress_) {
-      for (const auto& key : ckpt_.keys()) total_bytes_ += static_cast<int64_t>(ckpt_.tensor(key).nbytes());
+      for (const auto& key : ckpt_.keys()) total_bytes_ += static_cast<int64_t>(ckpt_.info(key).end - ckpt_.info(key).begin);
     }
     load_direct();
     load_converted();

@@ -113,7 +113,7 @@ struct TORCHPATCH_API SaveOptions {
 /// templates, and the slow tokenizers' vocabularies.
 TORCHPATCH_API const std::vector<std::string>& companion_files();
 
-/// What save_pretrained wrote: each file's name and size in bytes, in the order written.
+/// What save_pretrained wrote: each file's name and size in bytes, by name.
 struct TORCHPATCH_API SaveReport {
   std::vector<std::pair<std::string, std::uintmax_t>> files;
   /// "config.json, model.safetensors (12.3 MB), tokenizer.json (2.1 MB)".
