@@ -247,7 +247,7 @@ TEST_CASE("cli option values are taken as given: dashes, brackets, commas; flags
     std::string args, message;
   };
   for (const auto& c : {Case{"run --preset tiny-llama --prompt-ids 1 --quiet=false", "option '--quiet' takes no value"},
-                        Case{"run --preset tiny-llama --prompt-ids= --json", "option '--prompt-ids' needs a value IDS, not an empty one"},
+                        Case{"run --preset tiny-llama --prompt-ids= --json", "--prompt-ids: empty list"},
                         Case{"run --preset tiny-llama --prompt-ids 1 --top-k 1 --top 2", "option '--top-k' given twice"}}) {
     const auto r = torchpatch_cli(c.args);
     INFO(c.args << "\n" << r.out);

@@ -44,6 +44,7 @@ Args::Args(const std::vector<OptionSpec>& specs, const std::vector<std::string>&
   // them (a value may start with '-' or hold brackets and commas; after "--" everything is an
   // argument); CLI11 then parses the options, each value given inline.
   std::vector<std::string> tokens;
+  std::map<std::string, std::size_t> empty;  // empty values given, by option
   bool ended = false;
   for (std::size_t i = 0; i < argv.size(); ++i) {
     const std::string arg = argv[i] == "-h" && !ended ? "--help" : argv[i];
@@ -73,8 +74,9 @@ Args::Args(const std::vector<OptionSpec>& specs, const std::vector<std::string>&
     } else {
       throw UsageError(fmt::format("option '{}' needs a value {}", name, spec->value_name));
     }
-    if (value.empty()) throw UsageError(fmt::format("option '{}' needs a value {}, not an empty one", name, spec->value_name));
-    tokens.push_back(name + "=" + value);
+    // CLI11 would take the next argument for an empty inline value: an empty one is kept here.
+    if (value.empty()) empty[spec->name] += 1;
+    else tokens.push_back(name + "=" + value);
   }
 
   CLI::App app;
@@ -97,13 +99,15 @@ Args::Args(const std::vector<OptionSpec>& specs, const std::vector<std::string>&
   }
   for (const auto& spec : specs) {
     const auto* option = options.at(spec.name);
-    if (option->count() == 0) continue;
-    if (option->count() > 1 && !spec.repeatable) throw UsageError(fmt::format("option '--{}' given twice", spec.name));
+    const auto given = option->count() + (empty.count(spec.name) ? empty.at(spec.name) : 0);
+    if (given == 0) continue;
+    if (given > 1 && !spec.repeatable) throw UsageError(fmt::format("option '--{}' given twice", spec.name));
     auto& values = values_[spec.name];
     if (spec.value_name.empty()) {
-      values.assign(option->count(), "");
+      values.assign(given, "");
     } else {
       values = option->results();
+      values.resize(given);  // the empty ones
     }
   }
 }
