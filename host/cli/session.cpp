@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include <ATen/Parallel.h>
 #include <fmt/format.h>
 
 #include "torchpatch/checkpoint/load.h"
