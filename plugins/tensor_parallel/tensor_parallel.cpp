@@ -187,19 +187,10 @@ class SummedRmsNorm : public torchpatch::nn::RmsNorm {
     const auto squares = h.pow(2).sum(-1, /*keepdim=*/true);
     auto total = squares.detach().contiguous().clone();
     all_reduce(group_, total);
-    // The whole vector's sum as the value, and in a backward pass the ranks' gradients of it summed,
-    // since every rank's output depends on it.
     // Each part is held by `replicas_` ranks, so the total counts it that many times: the value is
-    // total / replicas, and its derivative in this rank's squares 1 / replicas.
-    auto summed = (squares + (total - squares.detach())) / static_cast<double>(replicas_);
-    if (group_ && summed.requires_grad()) {
-      auto group = group_;
-      summed.register_hook([group](const at::Tensor& grad) {
-        auto sum = grad.contiguous().clone();
-        group->all_reduce_sum(sum);
-        return sum;
-      });
-    }
+    // total / replicas, its derivative in this rank's squares 1 / replicas; every rank's output
+    // depends on it, so its gradient is summed over the ranks (copy_to_ranks).
+    const auto summed = copy_to_ranks((squares + (total - squares.detach())) / static_cast<double>(replicas_), group_);
     const auto normed = h * at::rsqrt(summed / static_cast<double>(width_) + variance_epsilon);
     if (unit_offset) return (normed * (1.0 + weight.to(at::kFloat))).to(input_dtype);
     return weight * normed.to(input_dtype);
