@@ -62,13 +62,15 @@ for lib in libtorchpatch_core.so libtorchpatch_host.so; do
 done
 
 echo "== configure and build examples/first_plugin against $prefix"
-launcher=()
+# The examples are compiled as their package was: a sanitized package needs its compiler's runtime.
+compiler=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build_dir/CMakeCache.txt")
+toolchain=(-DCMAKE_CXX_COMPILER="$compiler")
 if command -v ccache >/dev/null; then
   # Paths under $work are made relative, so a rerun of this test hits the cache.
   export CCACHE_BASEDIR=$work
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  toolchain+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 fi
-"$cmake" -S "$examples_dir/first_plugin" -B "$plugin_build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON "${launcher[@]}" \
+"$cmake" -S "$examples_dir/first_plugin" -B "$plugin_build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON "${toolchain[@]}" \
   >"$work/configure.log" 2>&1 || { cat "$work/configure.log"; fail "configuring the example"; }
 found=$(grep '^torchpatch_DIR:' "$plugin_build/CMakeCache.txt")
 [[ $found == "torchpatch_DIR:PATH=$prefix/lib/cmake/torchpatch" ]] || fail "torchpatch found elsewhere: $found"
@@ -130,7 +132,7 @@ expect_line "$out" "PASS" 1
 
 echo "== configure and build examples/embed_host against $prefix"
 host_build=$work/embed_host-build
-"$cmake" -S "$examples_dir/embed_host" -B "$host_build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" "${launcher[@]}" \
+"$cmake" -S "$examples_dir/embed_host" -B "$host_build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" "${toolchain[@]}" \
   >"$work/host-configure.log" 2>&1 || { cat "$work/host-configure.log"; fail "configuring the host"; }
 expect_line "$(cat "$work/host-configure.log")" "bundled plugins in $prefix/lib/torchpatch/plugins" 1
 "$cmake" --build "$host_build" >"$work/host-build.log" 2>&1 || { cat "$work/host-build.log"; fail "building the host"; }
