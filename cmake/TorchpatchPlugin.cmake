@@ -20,6 +20,8 @@ function(torchpatch_add_plugin name)
     VISIBILITY_INLINES_HIDDEN ON)
   if(TARGET torchpatch_plugin_pch)  # in torchpatch's own tree (plugin_api/CMakeLists.txt)
     target_precompile_headers(${name} REUSE_FROM torchpatch_plugin_pch)
+    # The header holds {fmt}: the system's, as everywhere in the tree (CMakeLists.txt says why).
+    target_link_libraries(${name} PRIVATE torchpatch::fmt)
   endif()
   if(ARG_OUTPUT_DIRECTORY)
     set_target_properties(${name} PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${ARG_OUTPUT_DIRECTORY})

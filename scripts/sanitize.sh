@@ -10,7 +10,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-all}
 scripts/install-packages.sh clang-14 libclang-rt-14-dev
-common=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only -DNDEBUG")
+# The LibTorch the release build uses (scripts/bootstrap.sh): the wheel's, installed once per checkout.
+libtorch=(-DCMAKE_PREFIX_PATH="$(scripts/install-libtorch.sh)")
+common=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only -DNDEBUG" "${libtorch[@]}")
 asan_dir=${ASAN_BUILD_DIR:-build-asan}
 tsan_dir=${TSAN_BUILD_DIR:-build-tsan}
 

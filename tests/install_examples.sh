@@ -79,7 +79,10 @@ plugin=$plugin_build/first_plugin.so
 [[ -f $plugin ]] || fail "no $plugin"
 # torchpatch_add_plugin's settings and the definitions the package passes on to plugins.
 compile=$(grep -F '"command"' "$plugin_build/compile_commands.json")
-for flag in -fvisibility=hidden -fvisibility-inlines-hidden -DBOOST_DLL_USE_STD_FS -D_GLIBCXX_USE_CXX11_ABI=; do
+# LibTorch's C++ ABI define, where its CMake target carries one (1.13's does; 2.x uses the compiler's
+# default ABI and names none): the plugin must be compiled with the host's.
+abi=$(grep -o -m1 -- '-D_GLIBCXX_USE_CXX11_ABI=[01]' "$build_dir/build.ninja" || true)
+for flag in -fvisibility=hidden -fvisibility-inlines-hidden -DBOOST_DLL_USE_STD_FS ${abi:+"$abi"}; do
   expect_line "$compile" " $flag" 1
 done
 exported=$(nm -D --defined-only "$plugin")

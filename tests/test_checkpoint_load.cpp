@@ -2,6 +2,7 @@
 #include "test_prelude.h"
 #include "test_util.h"
 
+#include <unistd.h>
 #include <fstream>
 
 #include "torchpatch/error.h"

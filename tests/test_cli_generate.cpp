@@ -1,6 +1,7 @@
 // torchpatch generate and bench as a user runs them.
 #include "test_prelude.h"
 #include "test_util.h"
+#include "torchpatch/nn/attention.h"
 #include "cli_util.h"
 
 #include <fmt/format.h>
@@ -95,16 +96,20 @@ TEST_CASE("cli bench prints both ratios", "[cli][bench]") {
   const auto j = nlohmann::json::parse(r.out);
   CHECK(j["copy_bandwidth_bytes_per_second"].get<double>() > 0);
   CHECK(j["matmul_flops_per_second"].get<double>() > 0);
-  // built-in, built-in on the system BLAS, FusedQKVAttention, quantized q8_0 and q4_0
-  REQUIRE(j["results"].size() == 5);
-  CHECK(j["results"][1]["variant"] == "built-in, system BLAS");
-  CHECK(j["results"][2]["variant"] == "FusedQKVAttention");
-  CHECK(j["results"][3]["variant"] == "quantized q8_0");
-  CHECK(j["results"][4]["variant"] == "quantized q4_0");
+  // built-in, built-in on the system BLAS, with eager prefill attention (where the fused one is the
+  // default), FusedQKVAttention, quantized q8_0 and q4_0
+  std::vector<std::string> variants{"built-in", "built-in, system BLAS"};
+  if (torchpatch::nn::prefill_attention() == torchpatch::nn::PrefillAttention::kFused) variants.push_back("built-in, eager attention");
+  variants.insert(variants.end(), {"FusedQKVAttention", "quantized q8_0", "quantized q4_0"});
+  REQUIRE(j["results"].size() == variants.size());
+  for (size_t i = 0; i < variants.size(); ++i) CHECK(j["results"][i]["variant"] == variants[i]);
   // Quantized weights are fewer bytes per token: 34 and 18 bytes a block of 32 (lm_head at q8_0 in q4_0).
+  const auto bytes = [&](size_t from_end) {
+    return j["results"][variants.size() - from_end]["weight_bytes_per_token"].get<double>();
+  };
   const double f32 = j["results"][0]["weight_bytes_per_token"].get<double>();
-  CHECK(j["results"][3]["weight_bytes_per_token"].get<double>() < 0.3 * f32);
-  CHECK(j["results"][4]["weight_bytes_per_token"].get<double>() < j["results"][3]["weight_bytes_per_token"].get<double>());
+  CHECK(bytes(2) < 0.3 * f32);
+  CHECK(bytes(1) < bytes(2));
   for (const auto& row : j["results"]) {
     CHECK(row["decode_fraction_of_bandwidth_limit"].get<double>() > 0);
     CHECK(row["prefill_fraction_of_matmul_rate"].get<double>() > 0);

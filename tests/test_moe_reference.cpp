@@ -9,6 +9,8 @@
 #include "test_prelude.h"
 #include "test_util.h"
 
+#include <torch/csrc/api/include/torch/version.h>
+
 #include "torchpatch/generation/generate.h"
 #include "torchpatch/error.h"
 #include "torchpatch/runtime/auto.h"
@@ -366,12 +368,21 @@ TEST_CASE("a decoded token's shared expert runs beside the routed experts on a s
   // The prompt's forward (several tokens) stays on this thread; decoding steps run it on the other.
   CHECK(mlp_threads.size() == 2);
   CHECK(at::equal(one.sequences, two.sequences));
-  for (size_t step = 0; step < one.logits.size(); ++step) {
-    INFO("step " << step << ": max |two threads - one| = " << (two.logits[step] - one.logits[step]).abs().max().item<double>());
-    CHECK(same_bits(two.logits[step], one.logits[step]));
-  }
   // A capture records its own thread's calls: while one is open everything stays on this thread.
   const auto captured = decode_alone(*model, 2, {"router_logits"});
   CHECK(mlp_threads == std::set<std::thread::id>{std::this_thread::get_id()});
   CHECK(at::equal(captured.sequences, one.sequences));
+  // The same numbers with the shared expert beside the routed ones as after them, bit for bit where
+  // every product is torchpatch's own (LibTorch 1.13). On LibTorch 2.x the prompt's products and
+  // attention are LibTorch's (MKL, the fused attention), which round differently with the threads
+  // they get, as do some of its operations inside the decode team's region: within 1e-5 there.
+  for (size_t step = 0; step < one.logits.size(); ++step) {
+#if TORCH_VERSION_MAJOR < 2
+    INFO("step " << step << ": max |beside - after| = " << (two.logits[step] - captured.logits[step]).abs().max().item<double>());
+    CHECK(same_bits(two.logits[step], captured.logits[step]));
+#else
+    CHECK(testutil::close("step " + std::to_string(step) + " beside vs after", two.logits[step], captured.logits[step],
+                          {}, 1e-5, 1e-5));
+#endif
+  }
 }

@@ -435,7 +435,7 @@ TEST_CASE("cli: --quantize on run, plan and save", "[quant][cli]") {
                          " --quantize q4_0 --out " + moe.path.string())
               .code == 0);
   const auto bench = torchpatch_cli("bench --model " + moe.path.string() +
-                                    " --prompt-len 8 --decode-tokens 2 --repeats 1 --json");
+                                    " --prompt-len 8 --decode-tokens 2 --repeats 1 --no-eager-attention --json");
   INFO(bench.out);
   REQUIRE(bench.code == 0);
   const auto report = nlohmann::json::parse(bench.out);
@@ -446,7 +446,7 @@ TEST_CASE("cli: --quantize on run, plan and save", "[quant][cli]") {
   // --quantize on a float model: every variant but the quantized ones (the model is one), fused included.
   for (const char* format : {"q8_0", "q4_0"}) {
     const auto fused = torchpatch_cli(std::string("bench --preset tiny-llama --quantize ") + format +
-                                      " --prompt-len 8 --decode-tokens 2 --repeats 1 --json");
+                                      " --prompt-len 8 --decode-tokens 2 --repeats 1 --no-eager-attention --json");
     INFO(fused.out);
     REQUIRE(fused.code == 0);
     const auto rows = nlohmann::json::parse(fused.out)["results"];

@@ -1,5 +1,6 @@
-// The tokenizer against Hugging Face's own encodings of 40 texts for three real tokenizers, each
-// pipeline component on small tokenizers of its own, streaming decode, errors, and linear time.
+// The tokenizer against Hugging Face's own encodings of 40 texts for three real tokenizers and of 17
+// for a small BERT WordPiece tokenizer, each pipeline component on small tokenizers of its own,
+// padding, streaming decode, errors, and linear time.
 #include "test_prelude.h"
 
 #include <chrono>
@@ -85,6 +86,92 @@ TEST_CASE("three real tokenizers encode and decode 40 texts exactly as Hugging F
     }
     std::cout << name << ": " << exact << " of " << total << " texts exact (ids, ids with special tokens, decoded)\n";
   }
+}
+
+TEST_CASE("a BERT WordPiece tokenizer encodes 17 texts exactly as Hugging Face does", "[tokenizer][wordpiece]") {
+  // tests/data/tokenizers/bert_wordpiece: 47 tokens, BertNormalizer (lower case, accents stripped),
+  // BertPreTokenizer, WordPiece (max_input_chars_per_word 12), [CLS] $A [SEP], WordPiece decoder.
+  // Written by Hugging Face tokenizers 0.23.3 (make_tokenizer.py there), which also gave every
+  // `ids` (encode) and `decoded` (decode with skip_special_tokens) below.
+  using namespace std::string_literals;
+  const auto tokenizer = Tokenizer::from_pretrained(tokenizer_dir("bert_wordpiece"));
+  struct Case {
+    std::string text;
+    std::vector<int64_t> ids;
+    std::string decoded;
+  };
+  const std::vector<Case> cases = {
+      {"", {2, 3}, ""},
+      {"Hello, World!", {2, 27, 8, 28, 5, 3}, "hello, world!"},
+      {"Caf\xc3\xa9 Z\xc3\xbcrich na\xc3\xafve", {2, 29, 30, 31, 32, 3}, "cafe zurich naive"},  // Café Zürich naïve
+      {"NA\xc3\x8fVE \xc3\x80" "B", {2, 32, 18, 3}, "naive ab"},                                  // NAÏVE ÀB
+      // tab, newline and a no-break space separate words; "end" is not in the vocabulary
+      {"HELLO\tworld\nthe\xc2\xa0" "end", {2, 27, 28, 26, 1, 3}, "hello world the"},
+      {"playing played unaffable", {2, 33, 34, 33, 35, 36, 37, 38, 3}, "playing played unaffable"},
+      // 12 characters are one word's most: one more and the word is [UNK], though its pieces exist
+      {"unaffableaff", {2, 36, 37, 38, 37, 3}, "unaffableaff"},
+      {"unaffableaffx", {2, 1, 3}, ""},
+      // each CJK ideograph is a word of its own (two unknown); kana are not split
+      // 北京欢迎こんにちは
+      {"\xe5\x8c\x97\xe4\xba\xac\xe6\xac\xa2\xe8\xbf\x8e\xe3\x81\x93\xe3\x82\x93\xe3\x81\xab\xe3\x81\xa1\xe3\x81\xaf",
+       {2, 44, 45, 1, 1, 46, 3},
+       "\xe5\x8c\x97 \xe4\xba\xac \xe3\x81\x93\xe3\x82\x93\xe3\x81\xab\xe3\x81\xa1\xe3\x81\xaf"},
+      {"a\xe2\x80\x94" "b \xc2\xab" "ab\xc2\xbb \xc2\xbfque?", {2, 16, 12, 17, 13, 18, 14, 15, 43, 11, 3},
+       "a \xe2\x80\x94 b \xc2\xab ab \xc2\xbb \xc2\xbf que?"},  // a—b «ab» ¿que?
+      {"don't", {2, 39, 7, 40, 3}, "don ' t"},
+      // a zero-width space, NUL and a soft hyphen are dropped: "ab" three times
+      {"a\xe2\x80\x8b" "b a\x00" "b a\xc2\xad" "b"s, {2, 18, 18, 18, 3}, "ab ab ab"},
+      // U+2E4F (punctuation) and U+08E2 (a format character) came after Unicode 8.0, so tokenizers
+      // neither splits at the one nor drops the other: two unknown words
+      {"a\xe2\xb9\x8f" "b a\xe0\xa3\xa2" "b", {2, 1, 1, 3}, ""},
+      {"123 1% 21", {2, 23, 24, 25, 23, 6, 1, 3}, "123 1 %"},
+      {"##ab abx", {2, 1, 1, 18, 18, 22, 3}, "ab abx"},
+      {"hello \xf0\x9f\x98\x80 world", {2, 27, 1, 28, 3}, "hello world"},  // an emoji is unknown
+      {"[CLS] hello [MASK] [SEP]", {2, 2, 27, 4, 3, 3}, "hello"},
+  };
+  for (const auto& c : cases) {
+    INFO(nlohmann::json(c.text).dump());
+    CHECK(tokenizer.encode(c.text).ids == c.ids);
+    CHECK(tokenizer.encode(c.text, false).ids == std::vector<int64_t>(c.ids.begin() + 1, c.ids.end() - 1));
+    CHECK(tokenizer.decode(c.ids, /*skip_special_tokens=*/true) == c.decoded);
+  }
+  // Offsets are byte ranges of the input: "Café" is 5 bytes, "zur" + "##ich" split "Zürich".
+  const auto e = tokenizer.encode("Caf\xc3\xa9 Z\xc3\xbcrich na\xc3\xafve");
+  using R = std::pair<size_t, size_t>;
+  CHECK(e.tokens == std::vector<std::string>{"[CLS]", "cafe", "zur", "##ich", "naive", "[SEP]"});
+  CHECK(e.offsets == std::vector<R>{{0, 0}, {0, 5}, {6, 10}, {10, 13}, {14, 20}, {0, 0}});
+  CHECK(e.special_tokens_mask == std::vector<uint8_t>{1, 0, 0, 0, 0, 1});
+  CHECK(tokenizer.decode(e.ids) == "[CLS] cafe zurich naive [SEP]");
+}
+
+TEST_CASE("padding side: right for WordPiece and left for BPE, unless the files say otherwise",
+          "[tokenizer][padding]") {
+  const auto bert = Tokenizer::from_pretrained(tokenizer_dir("bert_wordpiece"));
+  CHECK(bert.padding_side() == torchpatch::text::PaddingSide::kRight);
+  const auto right = bert.encode_padded({"hello", "hello, world!"});
+  CHECK(right.rows == 2);
+  CHECK(right.length == 6);
+  CHECK(right.ids == std::vector<int64_t>{2, 27, 3, 0, 0, 0, 2, 27, 8, 28, 5, 3});
+  CHECK(right.attention_mask == std::vector<int64_t>{1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1, 1});
+  const auto left = bert.encode_padded({"hello", "hello, world!"}, true, torchpatch::text::PaddingSide::kLeft);
+  CHECK(left.ids == std::vector<int64_t>{0, 0, 0, 2, 27, 3, 2, 27, 8, 28, 5, 3});
+
+  CHECK(Tokenizer::from_pretrained(tokenizer_dir("llama3")).padding_side() == torchpatch::text::PaddingSide::kLeft);
+  // tokenizer_config.json's padding_side wins; else tokenizer.json's padding section, which also
+  // names the pad token.
+  SmallTokenizer configured("padding-config", letters_model(), {}, nlohmann::json::array(),
+                            {{"pad_token", "<unk>"}, {"padding_side", "right"}});
+  CHECK(configured.tokenizer.encode_padded({"a", "ab c"}).ids == std::vector<int64_t>{0, 31, 31, 26, 28, 2});
+  SmallTokenizer sectioned("padding-section", letters_model(),
+                           {{"padding",
+                             {{"strategy", {{"Fixed", 128}}}, {"direction", "Right"}, {"pad_id", 31},
+                              {"pad_token", "<unk>"}, {"pad_type_id", 0}, {"pad_to_multiple_of", nullptr}}}});
+  CHECK(sectioned.tokenizer.pad_token_id() == 31);
+  CHECK(sectioned.tokenizer.padding_side() == torchpatch::text::PaddingSide::kRight);
+  CHECK(sectioned.tokenizer.encode("a").ids.size() == 1);  // the Fixed 128 strategy is not applied
+  CHECK_THROWS_WITH(
+      SmallTokenizer("padding-bad", letters_model(), {}, nlohmann::json::array(), {{"padding_side", "up"}}),
+      Contains("padding_side must be \"left\" or \"right\""));
 }
 
 TEST_CASE("offsets are byte ranges of the input, also after normalization and for special tokens",
@@ -270,8 +357,13 @@ TEST_CASE("a split regex that backtracks without end is an error naming it", "[t
 TEST_CASE("tokenizer errors name the file and the cause", "[tokenizer][errors]") {
   using torchpatch::ConfigError;
   using torchpatch::InputError;
-  CHECK_THROWS_WITH(SmallTokenizer("unsupported", letters_model(), {{"normalizer", {{"type", "BertNormalizer"}}}}),
-                    Contains("tokenizer.json") && Contains("unsupported normalizer 'BertNormalizer'"));
+  CHECK_THROWS_WITH(SmallTokenizer("unsupported", letters_model(), {{"normalizer", {{"type", "Precompiled"}}}}),
+                    Contains("tokenizer.json") && Contains("unsupported normalizer 'Precompiled'"));
+  CHECK_THROWS_WITH(SmallTokenizer("wordpiece-unk", {{"type", "WordPiece"}, {"vocab", {{"a", 0}}}}),
+                    Contains("tokenizer.model") && Contains("unk_token '[UNK]' is not in the vocabulary"));
+  CHECK_THROWS_WITH(SmallTokenizer("bert-flag", letters_model(),
+                                   {{"normalizer", {{"type", "BertNormalizer"}, {"lowercase", "yes"}}}}),
+                    Contains("tokenizer.normalizer") && Contains("'lowercase' must be true or false"));
   CHECK_THROWS_WITH(SmallTokenizer("badregex", letters_model(),
                                    {{"pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}},
                                                        {"behavior", "Isolated"}}}}),

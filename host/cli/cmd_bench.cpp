@@ -19,6 +19,7 @@
 #include "launch.h"
 #include "torchpatch/generation/generate.h"
 #include "torchpatch/runtime/auto.h"
+#include "torchpatch/nn/attention.h"
 #include "torchpatch/nn/linear.h"
 #include "torchpatch/nn/mlp.h"
 #include "torchpatch/models/blocks.h"
@@ -257,6 +258,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
                 {"repeats", "N", "timed runs; the best is reported (default 3)"},
                 {"no-fused", "", "skip the FusedQKVAttention variant"},
                 {"no-blas", "", "skip the variant whose float32 products run on the system BLAS"},
+                {"no-eager-attention", "", "skip the variant whose prefill attention is eager instead of fused"},
                 {"no-quantized", "", "skip the q8_0 and q4_0 variants"}});
   const Args args(specs, argv);
   if (args.flag("help")) {
@@ -300,6 +302,13 @@ int cmd_bench(const std::vector<std::string>& argv) {
     results.push_back(measure(results[0].variant + ", system BLAS", *built.model, prompt_len, decode_tokens, repeats));
     nn::set_decode_kernel(previous_decode);
     nn::set_matmul_kernel(previous_matmul);
+  }
+  if (!args.flag("no-eager-attention")) {
+    // Prefill attention as two matmuls and a softmax: the baseline of LibTorch's fused attention.
+    const auto previous = nn::set_prefill_attention(nn::PrefillAttention::kEager);
+    if (previous == nn::PrefillAttention::kFused)
+      results.push_back(measure(results[0].variant + ", eager attention", *built.model, prompt_len, decode_tokens, repeats));
+    nn::set_prefill_attention(previous);
   }
   measure_variants(*host, built, args, specs, forwarded, run, results);
   // Measured again after the variants, and the higher figure kept: on a shared machine the bandwidth

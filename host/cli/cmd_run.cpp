@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
@@ -10,6 +11,7 @@
 #include "launch.h"
 #include "torchpatch/checkpoint/safetensors.h"
 #include "torchpatch/error.h"
+#include "torchpatch/models/sentence_pooling.h"
 #include "torchpatch/printable.h"
 
 namespace torchpatch::cli {
@@ -20,11 +22,12 @@ namespace {
 // always, hidden states and captured router outputs when asked. Captures are named by decoder layer
 // index, as the reference cases name them (dense layers have none).
 std::vector<std::pair<std::string, at::Tensor>> output_tensors(const PretrainedModel& model, const ModelInputs& inputs,
-                                                               const ModelOutput& out) {
+                                                               const ModelOutput& out, const at::Tensor& sentences) {
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   if (out.logits.defined()) tensors.emplace_back("logits", out.logits.contiguous());
   tensors.emplace_back("last_hidden_state", out.last_hidden_state.contiguous());
   if (out.pooler_output.defined()) tensors.emplace_back("pooler_output", out.pooler_output.contiguous());
+  if (sentences.defined()) tensors.emplace_back("sentence_embeddings", sentences.contiguous());
   if (inputs.output_hidden_states) tensors.emplace_back("hidden_states", at::stack(out.hidden_states).contiguous());
   std::vector<int64_t> sparse_layers;
   const auto& d = model.config().decoder;
@@ -65,10 +68,19 @@ nlohmann::json next_token_rows(const ModelInputs& inputs, const ModelOutput& out
   return rows;
 }
 
-nlohmann::json output_shapes(const ModelOutput& out) {
+// A sentence-transformers checkpoint (its modules.json) pools an encoder's states into one embedding
+// a row, as sentence-transformers' encode does; undefined for any other model.
+at::Tensor sentence_embeddings(const Args& args, const ModelInputs& inputs, const ModelOutput& out) {
+  if (out.logits.defined() || !args.has("model")) return {};
+  const auto pooling = read_sentence_pooling(args.value("model"));
+  return pooling ? pool_sentences(out.last_hidden_state, inputs.attention_mask, *pooling) : at::Tensor();
+}
+
+nlohmann::json output_shapes(const ModelOutput& out, const at::Tensor& sentences) {
   auto shapes = nlohmann::json::object();
   for (const auto& [name, tensor] : {std::pair<std::string, at::Tensor>{"logits", out.logits},
-                                     {"last_hidden_state", out.last_hidden_state}, {"pooler_output", out.pooler_output}}) {
+                                     {"last_hidden_state", out.last_hidden_state}, {"pooler_output", out.pooler_output},
+                                     {"sentence_embeddings", sentences}}) {
     if (tensor.defined()) shapes[name] = tensor.sizes().vec();
   }
   return shapes;
@@ -103,8 +115,8 @@ int cmd_run(const std::vector<std::string>& argv) {
                {{"prompt-ids", "IDS", "token ids, e.g. 1,2,3 (a batch of one)"},
                 {"inputs", "FILE", "safetensors file with input_ids [B,T] and optional attention_mask, position_ids, "
                                    "token_type_ids"},
-                {"output", "FILE", "write logits (language models), last_hidden_state and pooler_output (BERT) to this "
-                             "safetensors file"},
+                {"output", "FILE", "write logits (language models), last_hidden_state and pooler_output (BERT), "
+                                   "sentence_embeddings (a sentence-transformers checkpoint) to this safetensors file"},
                 {"hidden-states", "", "also write hidden_states [layers+1, B, T, H] to --output"},
                 {"router-outputs", "", "MoE: also write router_logits_layer{i}, selected_experts_layer{i} and "
                                        "routing_weights_layer{i} (rows b*T+t) to --output"},
@@ -140,16 +152,17 @@ int cmd_run(const std::vector<std::string>& argv) {
   }
   at::NoGradGuard no_grad;
   const ModelOutput out = built.model->forward(inputs);
+  const auto sentences = sentence_embeddings(args, inputs, out);
 
   const bool reports = !process_group() || process_group()->rank() == 0;  // in a group, rank 0 writes
-  if (args.has("output") && reports) checkpoint::save_safetensors(args.value("output"), output_tensors(*built.model, inputs, out));
+  if (args.has("output") && reports) checkpoint::save_safetensors(args.value("output"), output_tensors(*built.model, inputs, out, sentences));
 
   // A causal LM predicts each row's next token at its last real position; other models (BERT) show
   // the shapes of what they produced.
   const auto& cls = built.model->class_name();
   const bool causal = out.logits.defined() && cls.size() > 11 && cls.compare(cls.size() - 11, 11, "ForCausalLM") == 0;
   const auto rows = causal ? next_token_rows(inputs, out, top, tokenizer ? &*tokenizer : nullptr) : nlohmann::json::array();
-  const auto shapes = output_shapes(out);
+  const auto shapes = output_shapes(out, sentences);
   const auto counters = counter_report(*built.model);
   if (args.flag("json")) {
     std::cout << nlohmann::json{{"model", built.model->class_name()}, {"source", built.source}, {"rows", rows},

@@ -13,6 +13,7 @@
 
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 
 #include "torchpatch/checkpoint/load.h"
 #include "torchpatch/checkpoint/safetensors.h"

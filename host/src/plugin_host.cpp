@@ -12,6 +12,7 @@
 
 #include <boost/dll/shared_library.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 #include <torch/version.h>
 
 #include "torchpatch/checkpoint/conversion.h"

@@ -8,6 +8,7 @@
 
 #include "base/regex_message.h"
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 
 #include "torchpatch/error.h"
 #include "torchpatch/printable.h"

@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 #include <boost/regex.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 
 #include "torchpatch/error.h"
 #include "torchpatch/json_file.h"

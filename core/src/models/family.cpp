@@ -1,6 +1,7 @@
 #include "torchpatch/models/family.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 
 #include "torchpatch/error.h"
 #include "torchpatch/printable.h"

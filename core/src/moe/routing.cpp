@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 
 #include "torchpatch/checkpoint/atomic_file.h"
 #include "torchpatch/error.h"

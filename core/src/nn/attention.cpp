@@ -1,19 +1,62 @@
 #include "torchpatch/nn/attention.h"
 
+#include <atomic>
 #include <cmath>
+#include <stdexcept>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/api/include/torch/version.h>
 
 #include "nn/attention_decode.h"
 #include "torchpatch/nn/rms_norm.h"
 #include "torchpatch/nn/rotary.h"
 
 namespace torchpatch::nn {
+namespace {
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+constexpr bool kHaveFusedAttention = true;  // scaled_dot_product_attention with enable_gqa
+#else
+constexpr bool kHaveFusedAttention = false;
+#endif
+
+std::atomic<PrefillAttention> chosen_prefill_attention{kHaveFusedAttention ? PrefillAttention::kFused
+                                                                    : PrefillAttention::kEager};
+
+// The fused kernel computes what the eager path does, except that it neither returns the weights nor
+// soft-caps, and in half precision it keeps the probabilities in float32 where eager rounds them.
+bool fused_attention_applies(const at::Tensor& q, const at::Tensor& mask, const at::Tensor* weights_out,
+                             const std::optional<double>& softcap) {
+  return kHaveFusedAttention && chosen_prefill_attention.load(std::memory_order_relaxed) == PrefillAttention::kFused &&
+         !weights_out && !softcap && q.scalar_type() == at::kFloat &&
+         (!mask.defined() || mask.scalar_type() == at::kFloat);
+}
+
+at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                           double scaling) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+  const auto out = at::scaled_dot_product_attention(q, k, v, mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt,
+                                                    /*dropout_p=*/0.0, /*is_causal=*/false, scaling,
+                                                    /*enable_gqa=*/k.size(1) != q.size(1));
+  return out.transpose(1, 2).contiguous();  // [B, Q, nH, vd]
+#else
+  throw std::logic_error("fused attention needs LibTorch 2.5 or later");  // fused_attention_applies is false
+#endif
+}
+
+}  // namespace
+
+PrefillAttention set_prefill_attention(PrefillAttention kind) {
+  return chosen_prefill_attention.exchange(kHaveFusedAttention ? kind : PrefillAttention::kEager);
+}
+
+PrefillAttention prefill_attention() { return chosen_prefill_attention.load(std::memory_order_relaxed); }
 
 at::Tensor eager_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const at::Tensor& mask, double scaling, at::Tensor* weights_out, bool upcast_softmax,
                            std::optional<double> softcap) {
   if (!weights_out && decode_attention_applies(q, k, v, mask)) return decode_attention(q, k, v, mask, scaling, softcap);
+  if (fused_attention_applies(q, mask, weights_out, softcap)) return fused_attention(q, k, v, mask, scaling);
   const auto b = q.size(0), heads = q.size(1), len = q.size(2), hd = q.size(3);
   const auto kv_heads = k.size(1), kv_len = k.size(2);
   const int64_t groups = heads / kv_heads;

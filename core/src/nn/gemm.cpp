@@ -6,6 +6,7 @@
 // here: each thread one sgemm on its share of the weight's rows.
 #include "nn/gemm.h"
 
+#if defined(TORCHPATCH_ONEDNN_GEMM)  // core/CMakeLists.txt says when
 #include <dnnl.h>
 
 #include <algorithm>
@@ -43,3 +44,5 @@ void onednn_gemm(const float* x, const float* w, float* y, int64_t m, int64_t n,
 }
 
 }  // namespace torchpatch::nn
+
+#endif  // TORCHPATCH_ONEDNN_GEMM

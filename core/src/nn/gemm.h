@@ -5,6 +5,12 @@
 
 namespace torchpatch::nn {
 
+#if defined(TORCHPATCH_ONEDNN_GEMM)
+constexpr bool kHaveOneDnnGemm = true;
+#else
+constexpr bool kHaveOneDnnGemm = false;  // LibTorch 2.x: its own products (core/CMakeLists.txt)
+#endif
+
 /// y = x W^T with oneDNN's sgemm, the output columns split in equal parts over LibTorch's intra-op
 /// threads (each part one single-threaded sgemm, so a column's sum is the same at any thread count).
 /// Built without OpenMP (the clang sanitizer builds), it is one sgemm on oneDNN's own threads.

@@ -42,7 +42,7 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias) {
 
 namespace {
 std::atomic<DecodeKernel> chosen_decode_kernel{DecodeKernel::kAuto};
-std::atomic<MatmulKernel> matmul_kernel{MatmulKernel::kOneDnn};
+std::atomic<MatmulKernel> matmul_kernel{kHaveOneDnnGemm ? MatmulKernel::kOneDnn : MatmulKernel::kBlas};
 
 // y = x W^T (x [rows, k]) for float32 and float64 without gradients; undefined where at::linear is the
 // one to use (several rows of float64, or on LibTorch's BLAS by choice).
@@ -58,14 +58,18 @@ at::Tensor product(const at::Tensor& x, const at::Tensor& weight) {
   }
   if (!float32 || matmul_kernel.load(std::memory_order_relaxed) == MatmulKernel::kBlas) return {};
   auto y = at::empty({rows, n}, x.options());
+#if defined(TORCHPATCH_ONEDNN_GEMM)
   onednn_gemm(x.data_ptr<float>(), weight.data_ptr<float>(), y.data_ptr<float>(), rows, n, k);
+#endif
   return y;
 }
 }  // namespace
 
 DecodeKernel set_decode_kernel(DecodeKernel kernel) { return chosen_decode_kernel.exchange(kernel); }
 DecodeKernel decode_kernel() { return resolve_decode_kernel(chosen_decode_kernel.load(std::memory_order_relaxed)); }
-MatmulKernel set_matmul_kernel(MatmulKernel kernel) { return matmul_kernel.exchange(kernel); }
+MatmulKernel set_matmul_kernel(MatmulKernel kernel) {
+  return matmul_kernel.exchange(kHaveOneDnnGemm ? kernel : MatmulKernel::kBlas);
+}
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   const auto type = x.scalar_type();

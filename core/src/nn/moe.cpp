@@ -191,16 +191,17 @@ at::Tensor grouped_experts(const at::Tensor& hidden, const at::Tensor& indices, 
   const auto token = order.div(top_k, "floor");
   const auto x = hidden.index_select(0, token);  // [n, H], grouped by expert
   const auto w = weights.reshape({-1}).index_select(0, order).unsqueeze(-1);
-  std::vector<at::Tensor> pieces;
   int64_t start = 0;
   for (int64_t e = range.first; e < range.first + range.count; ++e) {
     if (count[e] == 0) continue;
     auto slice = x.narrow(0, start, count[e]);
-    pieces.push_back(projections.down(e - range.first, gated(act, projections, projections.gate_up(e - range.first, slice))));
+    auto y = projections.down(e - range.first, gated(act, projections, projections.gate_up(e - range.first, slice)));
+    // A scatter per expert, in ascending order, as the eager loop does: in half precision each
+    // expert's addition rounds on its own there (one scatter of them all accumulates in float32 in
+    // LibTorch 2.x, and would differ in the last bit).
+    out.index_add_(0, token.narrow(0, start, count[e]), (y * w.narrow(0, start, count[e])).to(out.scalar_type()));
     start += count[e];
   }
-  // One scatter in expert order adds each token's experts in ascending order, as the eager loop does.
-  out.index_add_(0, token, (at::cat(pieces, 0) * w).to(out.scalar_type()));
   return out;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 
 #include "torchpatch/patching/class_table.h"
 #include "patching/scope_state.h"

@@ -3,6 +3,7 @@
 #include <mutex>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 
 #include "torchpatch/error.h"
 

@@ -1,6 +1,7 @@
 #include "torchpatch/patching/module_class.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 
 namespace torchpatch {
 

@@ -6,6 +6,7 @@
 
 #include <boost/regex.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 
 #include "base/regex_message.h"
 

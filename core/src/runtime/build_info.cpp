@@ -4,6 +4,7 @@
 
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 #include <torch/csrc/api/include/torch/version.h>
 
 #include "torchpatch/nn/quant.h"

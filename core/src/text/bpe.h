@@ -13,23 +13,16 @@
 
 namespace torchpatch::text {
 
-/// A token of one word: its id and the bytes [begin, end) of the word it covers.
-struct WordToken {
-  int64_t id;
-  size_t begin, end;
-};
-
-class Bpe {
+class Bpe : public Model {
  public:
   Bpe(const nlohmann::json& model, const Source& where);
 
   /// The tokens of one pre-tokenized piece; time O(n log n) in its length.
-  std::vector<WordToken> tokenize(const std::string& word) const;
+  std::vector<WordToken> tokenize(const std::string& word) const override;
 
-  std::optional<int64_t> token_to_id(const std::string& token) const;
-  /// The token's string, or nullopt for an id outside the vocabulary.
-  const std::string* id_to_token(int64_t id) const;
-  int64_t vocab_size() const { return static_cast<int64_t>(vocab_.size()); }
+  std::optional<int64_t> token_to_id(const std::string& token) const override;
+  const std::string* id_to_token(int64_t id) const override;
+  int64_t vocab_size() const override { return static_cast<int64_t>(vocab_.size()); }
 
  private:
   struct Merge {

@@ -1,6 +1,7 @@
 // Internal: the stages of a tokenizer.json pipeline, each built from its JSON object.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,6 +24,8 @@ struct Source {
 [[noreturn]] void fail(const Source& where, const std::string& cause);
 /// j[key] as a string (throws naming the key when missing or not a string).
 std::string string_field(const nlohmann::json& j, const char* key, const Source& where);
+/// j[key] as a bool, `fallback` when missing or null (throws naming the key when not a bool).
+bool bool_field(const nlohmann::json& j, const char* key, bool fallback, const Source& where);
 /// The stages of a Sequence component, j[key] (throws when it is not an array), each with its source.
 std::vector<std::pair<const nlohmann::json*, Source>> sequence_items(const nlohmann::json& j, const char* key,
                                                                      const Source& where);
@@ -43,6 +46,23 @@ class PreTokenizer {
   virtual std::vector<Normalized> split(std::vector<Normalized> pieces) const = 0;
 };
 std::unique_ptr<PreTokenizer> make_pre_tokenizer(const nlohmann::json& j, const Source& where);
+
+/// A token of one word: its id and the bytes [begin, end) of the word it covers.
+struct WordToken {
+  int64_t id;
+  size_t begin, end;
+};
+
+/// Turns one pre-tokenized piece into vocabulary ids (BPE, WordPiece).
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual std::vector<WordToken> tokenize(const std::string& word) const = 0;
+  virtual std::optional<int64_t> token_to_id(const std::string& token) const = 0;
+  /// The token's string, or nullptr for an id outside the vocabulary.
+  virtual const std::string* id_to_token(int64_t id) const = 0;
+  virtual int64_t vocab_size() const = 0;
+};
 
 /// Turns token strings back into text, in stages (ByteLevel, Replace, ByteFallback, ...).
 class Decoder {
@@ -76,6 +96,12 @@ SplitBehavior parse_behavior(const nlohmann::json& j, const Source& where);
 /// roles of matches and the text between them. Empty pieces are dropped.
 std::vector<Normalized> split_at(const Normalized& piece, const std::vector<Range>& matches, SplitBehavior behavior,
                                  bool invert);
+
+/// Whether c was assigned a character by Unicode 8.0. tokenizers' Bert components and its
+/// Punctuation pre-tokenizer take general categories from the unicode_categories crate, whose
+/// tables are Unicode 8.0's: a later punctuation mark, accent or format character is to them an
+/// unassigned code point, so ICU's category only counts for characters old enough.
+bool in_unicode_8(char32_t c);
 
 /// GPT-2's byte-to-character table: every byte a printable character.
 const std::string& byte_level_char(unsigned char byte);

@@ -1,4 +1,6 @@
-// Decoders: ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace, Sequence.
+// Decoders: ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace, WordPiece, Sequence.
+#include <string_view>
+
 #include <nlohmann/json.hpp>
 
 #include <fmt/format.h>
@@ -141,6 +143,46 @@ class Metaspace : public Decoder {
   bool strip_first_;
 };
 
+// Replaces every `from` in s by `to`, left to right.
+std::string replace_all(const std::string& s, std::string_view from, std::string_view to) {
+  std::string out;
+  size_t at = 0;
+  for (size_t k = s.find(from); k != std::string::npos; k = s.find(from, at)) {
+    out.append(s, at, k - at);
+    out += to;
+    at = k + from.size();
+  }
+  out.append(s, at, std::string::npos);
+  return out;
+}
+
+// Words joined by spaces, a piece that continues a word ("##ing") joined without one. The cleanup
+// is tokenizers' own (it differs from transformers' clean_up_tokenization by " do not" -> " don't")
+// and runs on each token with its space, so a rule never spans two tokens.
+class WordPiece : public Decoder {
+ public:
+  WordPiece(std::string prefix, bool cleanup) : prefix_(std::move(prefix)), cleanup_(cleanup) {}
+  std::vector<std::string> decode_chain(std::vector<std::string> tokens) const override {
+    static const std::pair<std::string_view, std::string_view> kRules[] = {
+        {" .", "."},     {" ?", "?"},     {" !", "!"},         {" ,", ","},     {" ' ", "'"},   {" n't", "n't"},
+        {" 'm", "'m"},   {" do not", " don't"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      auto& token = tokens[i];
+      if (i > 0) {
+        // The first token keeps its prefix: nothing precedes it to continue.
+        token = token.compare(0, prefix_.size(), prefix_) == 0 ? token.substr(prefix_.size()) : " " + token;
+      }
+      if (!cleanup_) continue;
+      for (const auto& [from, to] : kRules) token = replace_all(token, from, to);
+    }
+    return tokens;
+  }
+
+ private:
+  std::string prefix_;
+  bool cleanup_;
+};
+
 class Sequence : public Decoder {
  public:
   explicit Sequence(std::vector<std::unique_ptr<Decoder>> stages) : stages_(std::move(stages)) {}
@@ -181,13 +223,17 @@ std::unique_ptr<Decoder> make_decoder(const nlohmann::json& j, const Source& whe
     if (j.contains("prepend_scheme")) strip_first = string_field(j, "prepend_scheme", where) != "never";
     return std::make_unique<Metaspace>(j.value("replacement", std::string("\xe2\x96\x81")), strip_first);
   }
+  if (type == "WordPiece") {
+    const std::string prefix = j.contains("prefix") ? string_field(j, "prefix", where) : "##";
+    return std::make_unique<WordPiece>(prefix, bool_field(j, "cleanup", true, where));
+  }
   if (type == "Sequence") {
     std::vector<std::unique_ptr<Decoder>> stages;
     for (const auto& [item, source] : sequence_items(j, "decoders", where)) stages.push_back(make_decoder(*item, source));
     return std::make_unique<Sequence>(std::move(stages));
   }
   fail(where, fmt::format("unsupported decoder '{}' (supported: ByteLevel, Replace, ByteFallback, Fuse, Strip, "
-                          "Metaspace, Sequence)",
+                          "Metaspace, WordPiece, Sequence)",
                           type));
 }
 

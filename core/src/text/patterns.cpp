@@ -4,6 +4,7 @@
 #include <boost/regex/icu.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <unicode/uchar.h>
 
 #include "text/components.h"
 #include "torchpatch/error.h"
@@ -18,6 +19,19 @@ std::string string_field(const nlohmann::json& j, const char* key, const Source&
   const auto it = j.find(key);
   if (it == j.end() || !it->is_string()) fail(where, fmt::format("'{}' must be a string", key));
   return it->get<std::string>();
+}
+
+bool bool_field(const nlohmann::json& j, const char* key, bool fallback, const Source& where) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  if (!it->is_boolean()) fail(where, fmt::format("'{}' must be true or false, not {}", key, it->dump()));
+  return it->get<bool>();
+}
+
+bool in_unicode_8(char32_t c) {
+  UVersionInfo age;
+  u_charAge(static_cast<UChar32>(c), age);
+  return age[0] != 0 && (age[0] < 8 || (age[0] == 8 && age[1] == 0));
 }
 
 std::vector<std::pair<const nlohmann::json*, Source>> sequence_items(const nlohmann::json& j, const char* key,

@@ -1,5 +1,5 @@
 // Pre-tokenizers: Split, ByteLevel, Metaspace, Digits, Whitespace, WhitespaceSplit, Punctuation,
-// Sequence.
+// BertPreTokenizer, Sequence.
 #include <cctype>
 
 #include <nlohmann/json.hpp>
@@ -138,9 +138,14 @@ class Metaspace : public PreTokenizer {
   bool split_;
 };
 
+// ASCII punctuation (with $+<=>^`|~, symbols to Unicode) or a Unicode punctuation character that
+// tokenizers' Unicode 8.0 tables know (in_unicode_8).
 bool is_punctuation(char32_t c) {
-  return (c < 0x80 && std::ispunct(static_cast<int>(c))) || u_ispunct(static_cast<UChar32>(c));
+  if (c < 0x80) return std::ispunct(static_cast<int>(c)) != 0;
+  return u_ispunct(static_cast<UChar32>(c)) && in_unicode_8(c);
 }
+
+bool is_whitespace(char32_t c) { return u_isUWhiteSpace(static_cast<UChar32>(c)) != 0; }
 
 // Splits by a property of single code points (Digits, Punctuation, WhitespaceSplit).
 template <typename Keep>
@@ -218,12 +223,17 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const nlohmann::json& j, const 
     return std::make_unique<Split>(Pattern(nlohmann::json{{"Regex", R"(\w+|[^\w\s]+)"}}, where), SplitBehavior::kRemoved,
                                    true);
   }
-  if (type == "WhitespaceSplit") {
-    return by_property([](char32_t c) { return u_isUWhiteSpace(static_cast<UChar32>(c)) != 0; }, true,
-                       SplitBehavior::kRemoved);
-  }
+  if (type == "WhitespaceSplit") return by_property(is_whitespace, true, SplitBehavior::kRemoved);
   if (type == "Punctuation") {
     return by_property(is_punctuation, true, parse_behavior(j.value("behavior", nlohmann::json("Isolated")), where));
+  }
+  if (type == "BertPreTokenizer") {
+    // Words between whitespace, then each punctuation character a word of its own ("don't" is
+    // "don", "'", "t").
+    std::vector<std::unique_ptr<PreTokenizer>> stages;
+    stages.push_back(by_property(is_whitespace, true, SplitBehavior::kRemoved));
+    stages.push_back(by_property(is_punctuation, true, SplitBehavior::kIsolated));
+    return std::make_unique<Sequence>(std::move(stages));
   }
   if (type == "Sequence") {
     std::vector<std::unique_ptr<PreTokenizer>> stages;
@@ -231,7 +241,7 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const nlohmann::json& j, const 
     return std::make_unique<Sequence>(std::move(stages));
   }
   fail(where, fmt::format("unsupported pre-tokenizer '{}' (supported: Split, ByteLevel, Metaspace, Digits, Whitespace, "
-                          "WhitespaceSplit, Punctuation, Sequence)",
+                          "WhitespaceSplit, Punctuation, BertPreTokenizer, Sequence)",
                           type));
 }
 

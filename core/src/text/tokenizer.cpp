@@ -1,5 +1,6 @@
 // The tokenizer pipeline: added tokens found first, then per remaining piece normalizer,
-// pre-tokenizer and BPE; the post-processor's template; decoding back through the decoders.
+// pre-tokenizer and model (BPE or WordPiece); the post-processor's template; decoding back through
+// the decoders.
 #include "torchpatch/text/tokenizer.h"
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 
 #include "text/bpe.h"
 #include "text/components.h"
+#include "text/wordpiece.h"
 #include "torchpatch/error.h"
 #include "torchpatch/json_file.h"
 
@@ -47,12 +49,18 @@ struct Tokenizer::Impl {
   std::vector<std::vector<size_t>> added_by_first_byte = std::vector<std::vector<size_t>>(256);  // longest first
   std::unique_ptr<Normalizer> normalizer;
   std::unique_ptr<PreTokenizer> pre_tokenizer;
-  std::unique_ptr<Bpe> model;
+  std::unique_ptr<Model> model;
   std::unique_ptr<Decoder> decoder;
   Template post;
   bool clean_up_spaces = false;
   std::optional<int64_t> bos, eos, pad;
+  std::optional<PaddingSide> padding_side;  ///< as a file says; else usual_side
+  // WordPiece vocabularies are BERT-style encoders', which transformers pads on the right (their
+  // positions then start at 0 in every row); decoders are padded on the left so that generation
+  // continues every row from its last column.
+  PaddingSide usual_side = PaddingSide::kLeft;
 
+  void read_padding(const nlohmann::json& padding, const Source& where);
   void read_added_tokens(const nlohmann::json& added_tokens, const Source& root);
   void read_tokenizer_config(const std::filesystem::path& path);
 
@@ -286,7 +294,29 @@ void Tokenizer::Impl::read_added_tokens(const nlohmann::json& added_tokens, cons
   }
 }
 
-// tokenizer_config.json: the bos/eos/pad tokens, clean_up_tokenization_spaces, and add_bos_token /
+// tokenizer.json's padding section: the pad token and the side, as transformers takes them from it
+// (tokenizer_config.json overrides both). Its strategy (Fixed 128 for sentence-transformers' BERTs)
+// is not followed: transformers pads only when the caller asks, to the batch's longest row, and so
+// does encode_padded; encode never pads.
+void Tokenizer::Impl::read_padding(const nlohmann::json& padding, const Source& where) {
+  if (!padding.is_object()) fail(where, "'padding' must be an object or null");
+  if (padding.contains("direction")) {
+    const auto direction = string_field(padding, "direction", where);
+    if (direction != "Left" && direction != "Right") {
+      fail(where, fmt::format("unsupported direction '{}' (supported: Left, Right)", direction));
+    }
+    padding_side = direction == "Left" ? PaddingSide::kLeft : PaddingSide::kRight;
+  }
+  if (padding.contains("pad_token")) pad = token_to_id(string_field(padding, "pad_token", where));
+  if (const auto it = padding.find("pad_id"); !pad && it != padding.end()) {
+    if (!it->is_number_unsigned()) {
+      fail(where, fmt::format("'pad_id' must be a non-negative integer, not {}", it->dump()));
+    }
+    pad = it->get<int64_t>();
+  }
+}
+
+// tokenizer_config.json: the bos/eos/pad tokens, padding_side, clean_up_tokenization_spaces, and add_bos_token /
 // add_eos_token, which set what encoding adds, as transformers' Llama tokenizers do.
 void Tokenizer::Impl::read_tokenizer_config(const std::filesystem::path& path) {
   const std::string cfile = path.string();
@@ -301,8 +331,16 @@ void Tokenizer::Impl::read_tokenizer_config(const std::filesystem::path& path) {
   };
   bos = id_of("bos_token");
   eos = id_of("eos_token");
-  pad = id_of("pad_token");
+  if (const auto p = id_of("pad_token")) pad = p;
   clean_up_spaces = c.value("clean_up_tokenization_spaces", false);
+  if (c.contains("padding_side")) {
+    const auto side = c["padding_side"].is_string() ? c["padding_side"].get<std::string>() : std::string();
+    if (side != "left" && side != "right") {
+      config_fail(
+          fmt::format("{}: padding_side must be \"left\" or \"right\", not {}", cfile, c["padding_side"].dump()));
+    }
+    padding_side = side == "left" ? PaddingSide::kLeft : PaddingSide::kRight;
+  }
   if (!c.contains("add_bos_token") && !c.contains("add_eos_token")) return;
   Template t;
   const auto add = [&](const char* flag, const std::optional<int64_t>& id, const char* name) {
@@ -340,11 +378,16 @@ Tokenizer Tokenizer::from_file(const std::filesystem::path& tokenizer_json,
 
   const auto model = j.find("model");
   if (model == j.end() || !model->is_object()) fail(root, "no 'model' object");
-  const auto model_type = model->value("type", std::string("BPE"));
-  if (model_type != "BPE") {
-    fail(root.at("model"), fmt::format("unsupported model '{}' (supported: BPE)", model_type));
+  // Files written before tokenizers named its models hold a BPE model without a type.
+  const auto model_type = model->contains("type") ? string_field(*model, "type", root.at("model")) : "BPE";
+  if (model_type == "BPE") {
+    impl->model = std::make_unique<Bpe>(*model, root.at("model"));
+  } else if (model_type == "WordPiece") {
+    impl->model = std::make_unique<WordPiece>(*model, root.at("model"));
+    impl->usual_side = PaddingSide::kRight;
+  } else {
+    fail(root.at("model"), fmt::format("unsupported model '{}' (supported: BPE, WordPiece)", model_type));
   }
-  impl->model = std::make_unique<Bpe>(*model, root.at("model"));
   const auto stage = [&](const char* key) -> const nlohmann::json* {
     const auto it = j.find(key);
     return it == j.end() || it->is_null() ? nullptr : &*it;
@@ -355,6 +398,7 @@ Tokenizer Tokenizer::from_file(const std::filesystem::path& tokenizer_json,
   if (const auto* d = stage("decoder")) impl->decoder = make_decoder(*d, root.at("decoder"));
 
   if (const auto* added = stage("added_tokens")) impl->read_added_tokens(*added, root);
+  if (const auto* padding = stage("padding")) impl->read_padding(*padding, root.at("padding"));
   if (tokenizer_config) impl->read_tokenizer_config(*tokenizer_config);
   return Tokenizer(std::move(impl));
 }
@@ -375,25 +419,35 @@ std::vector<Encoding> Tokenizer::encode_batch(const std::vector<std::string>& te
   return out;
 }
 
-PaddedBatch Tokenizer::encode_padded(const std::vector<std::string>& texts, bool add_special_tokens) const {
+PaddedBatch Tokenizer::encode_padded(const std::vector<std::string>& texts, bool add_special_tokens,
+                                     std::optional<PaddingSide> side) const {
   const auto pad = impl_->pad ? impl_->pad : impl_->eos;
   if (!pad && texts.size() > 1) {
     throw ConfigError(fmt::format("{}: padding a batch needs a pad_token or an eos_token in tokenizer_config.json",
                                   impl_->file.string()));
   }
+  const bool left = side.value_or(padding_side()) == PaddingSide::kLeft;
   const auto encodings = encode_batch(texts, add_special_tokens);
   PaddedBatch b;
   b.rows = static_cast<int64_t>(encodings.size());
   for (const auto& e : encodings) b.length = std::max<int64_t>(b.length, static_cast<int64_t>(e.ids.size()));
   for (const auto& e : encodings) {
     const auto missing = static_cast<size_t>(b.length) - e.ids.size();
-    b.ids.insert(b.ids.end(), missing, pad.value_or(0));
-    b.attention_mask.insert(b.attention_mask.end(), missing, 0);
+    if (left) {
+      b.ids.insert(b.ids.end(), missing, pad.value_or(0));
+      b.attention_mask.insert(b.attention_mask.end(), missing, 0);
+    }
     b.ids.insert(b.ids.end(), e.ids.begin(), e.ids.end());
     b.attention_mask.insert(b.attention_mask.end(), e.ids.size(), 1);
+    if (!left) {
+      b.ids.insert(b.ids.end(), missing, pad.value_or(0));
+      b.attention_mask.insert(b.attention_mask.end(), missing, 0);
+    }
   }
   return b;
 }
+
+PaddingSide Tokenizer::padding_side() const { return impl_->padding_side.value_or(impl_->usual_side); }
 
 namespace {
 // transformers' clean_up_tokenization, in its order: the spaces English punctuation and

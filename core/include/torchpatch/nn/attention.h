@@ -19,6 +19,19 @@ TORCHPATCH_API at::Tensor eager_attention(const at::Tensor& q, const at::Tensor&
                                           const at::Tensor& mask, double scaling, at::Tensor* weights_out = nullptr,
                                           bool upcast_softmax = true, std::optional<double> softcap = std::nullopt);
 
+/// How eager_attention computes more query rows than a decoding step has (prefill, whole sequences).
+enum class PrefillAttention {
+  kEager,  ///< two matmuls and a softmax, the [Q, KV] scores in memory (Hugging Face's eager path)
+  kFused,  ///< LibTorch's scaled_dot_product_attention (flash attention on CPU: keys in blocks, an
+           ///< online softmax); LibTorch 2.5 and later, float32, without soft cap or returned weights
+};
+
+/// Chooses the prefill attention for the whole process and returns the previous choice. The default
+/// is kFused where LibTorch has it (docs/benchmarks.md, "Prefill attention"); kEager elsewhere.
+TORCHPATCH_API PrefillAttention set_prefill_attention(PrefillAttention kind);
+/// The prefill attention in use now.
+TORCHPATCH_API PrefillAttention prefill_attention();
+
 /// Head layout of grouped-query attention.
 struct TORCHPATCH_API GqaShape {
   int64_t num_heads;

@@ -53,16 +53,17 @@ TORCHPATCH_API DecodeKernel decode_kernel();
 
 /// How a float32 product of several rows (prefill, batches) is computed.
 enum class MatmulKernel {
-  kOneDnn,  ///< oneDNN's sgemm, its columns split over the intra-op threads (the default)
-  kBlas     ///< LibTorch's matrix product (the system BLAS's sgemm)
+  kOneDnn,  ///< oneDNN's sgemm, its columns split over the intra-op threads (the default on LibTorch 1.13)
+  kBlas     ///< LibTorch's matrix product: its BLAS's sgemm (MKL in LibTorch 2.x, the default there)
 };
 
-/// Chooses the several-row kernel for the whole process; returns the previous choice.
+/// Chooses the several-row kernel for the whole process; returns the previous choice. Built against
+/// LibTorch 2.x the choice is always kBlas (core/CMakeLists.txt says why).
 TORCHPATCH_API MatmulKernel set_matmul_kernel(MatmulKernel kernel);
 
 /// y = x @ weight^T + bias, like at::linear. A single row (decoding) streams the weight once through
 /// a matrix-vector kernel, where BLAS's matrix-matrix path would pack the whole weight first; several
-/// rows of float32 go to oneDNN's sgemm. Anything that needs gradients goes to at::linear.
+/// rows of float32 go to the MatmulKernel chosen. Anything that needs gradients goes to at::linear.
 TORCHPATCH_API at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
 
 /// The built-in class of the "Linear" patch point (roles::Linear).

@@ -21,7 +21,13 @@ struct TORCHPATCH_API Encoding {
   std::vector<uint8_t> special_tokens_mask;           ///< 1 where the post-processor added the token
 };
 
-/// A batch padded on the left (for generation): ids [B, L] and attention_mask [B, L], row-major.
+/// Which end of its row encode_padded puts the padding at (transformers' padding_side).
+enum class PaddingSide {
+  kLeft,   ///< decoders, for generation: every row continues from its last column
+  kRight,  ///< encoders such as BERT: every row's positions start at 0
+};
+
+/// A batch padded to its longest row: ids [B, L] and attention_mask [B, L] (0 at padding), row-major.
 struct TORCHPATCH_API PaddedBatch {
   int64_t rows = 0, length = 0;
   std::vector<int64_t> ids;
@@ -29,9 +35,9 @@ struct TORCHPATCH_API PaddedBatch {
 };
 
 /// tokenizer.json (+ tokenizer_config.json) as Hugging Face's tokenizers runs it: added tokens,
-/// normalizer, pre-tokenizer, BPE model, post-processor, decoder. An unsupported component is a
-/// ConfigError naming it and the file. Encoding input that is not valid UTF-8 is an InputError
-/// naming the byte offset (Python strings, what Hugging Face encodes, cannot hold it).
+/// normalizer, pre-tokenizer, model (BPE or WordPiece), post-processor, decoder. An unsupported
+/// component is a ConfigError naming it and the file. Encoding input that is not valid UTF-8 is an
+/// InputError naming the byte offset (Python strings, what Hugging Face encodes, cannot hold it).
 class TORCHPATCH_API Tokenizer {
  public:
   /// dir/tokenizer.json, and dir/tokenizer_config.json when present.
@@ -48,8 +54,15 @@ class TORCHPATCH_API Tokenizer {
   /// text are matched either way, as Hugging Face does.
   Encoding encode(const std::string& text, bool add_special_tokens = true) const;
   std::vector<Encoding> encode_batch(const std::vector<std::string>& texts, bool add_special_tokens = true) const;
-  /// Encodes and pads on the left with the pad token (else eos; an error if it has neither).
-  PaddedBatch encode_padded(const std::vector<std::string>& texts, bool add_special_tokens = true) const;
+  /// Encodes and pads every row to the longest with the pad token (else eos; an error if it has
+  /// neither), on `side`, by default padding_side(). tokenizer.json's padding strategy (such as
+  /// padding to a fixed 128) and truncation are not applied, as transformers does not unless asked.
+  PaddedBatch encode_padded(const std::vector<std::string>& texts, bool add_special_tokens = true,
+                            std::optional<PaddingSide> side = std::nullopt) const;
+  /// The side encode_padded pads by default: tokenizer_config.json's padding_side, else the
+  /// direction of tokenizer.json's padding section, else right for a WordPiece model (BERT-style
+  /// encoders) and left for any other (decoders).
+  PaddingSide padding_side() const;
 
   /// Text of ids; ids outside the vocabulary are an InputError naming them.
   std::string decode(const std::vector<int64_t>& ids, bool skip_special_tokens = false) const;
@@ -61,6 +74,7 @@ class TORCHPATCH_API Tokenizer {
 
   std::optional<int64_t> bos_token_id() const;
   std::optional<int64_t> eos_token_id() const;
+  /// tokenizer_config.json's pad_token, else the pad token of tokenizer.json's padding section.
   std::optional<int64_t> pad_token_id() const;
   bool is_special(int64_t id) const;
   /// The tokenizer.json file it was read from.
