@@ -2,9 +2,11 @@
 // checkpoint prefixes and legacy names, decoder mode with cross-attention, and the `.*Attention` trap.
 #include "test_prelude.h"
 #include "test_util.h"
+#include "cli_util.h"
 
 #include <unistd.h>
 #include <atomic>
+#include <fstream>
 #include <cmath>
 #include <set>
 
@@ -13,6 +15,7 @@
 #include "torchpatch/error.h"
 #include "torchpatch/models/bert.h"
 #include "torchpatch/models/llama.h"
+#include "torchpatch/models/sentence_pooling.h"
 #include "torchpatch/patching/build.h"
 #include "torchpatch/patching/registry.h"
 
@@ -428,4 +431,40 @@ TEST_CASE("BERT: bad inputs and configs are clear errors", "[bert][errors]") {
   json = ModelConfig::from_file(case_dir()).raw;
   json["hidden_act"] = "mish";
   CHECK_THROWS_WITH(from_config(ModelConfig::from_json(json, "cfg")), Contains("unsupported activation 'mish'"));
+}
+
+TEST_CASE("sentence-transformers pooling: what torchpatch cannot run is a ConfigError naming it", "[bert][pooling]") {
+  const testutil::ScratchDir dir("st-pooling");
+  const auto write = [&](const std::filesystem::path& file, const std::string& text) {
+    std::filesystem::create_directories(file.parent_path());
+    std::ofstream(file) << text;
+  };
+  CHECK_FALSE(read_sentence_pooling(dir.path).has_value());  // no modules.json: not such a checkpoint
+  const std::string transformer = R"({"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"})";
+  const std::string pooling = R"({"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"})";
+  write(dir.path / "1_Pooling" / "config.json", R"({"pooling_mode_mean_tokens": true})");
+  write(dir.path / "modules.json", "[" + transformer + "," + pooling + "]");
+  const auto mean = read_sentence_pooling(dir.path);
+  REQUIRE(mean.has_value());
+  CHECK(mean->mode == SentencePooling::Mode::kMean);
+  CHECK_FALSE(mean->normalize);
+  // The pooled values: the mean of the real tokens, or the largest; padding never counts.
+  const auto hidden = at::tensor(std::vector<float>{1, 2, 3, 4, 100, -100}).view({1, 3, 2});
+  const auto mask = at::tensor(std::vector<int64_t>{1, 1, 0}).view({1, 3});
+  CHECK(at::equal(pool_sentences(hidden, mask, *mean), at::tensor(std::vector<float>{2, 3}).view({1, 2})));
+  CHECK(at::equal(pool_sentences(hidden, mask, {SentencePooling::Mode::kMax, false}),
+                  at::tensor(std::vector<float>{3, 4}).view({1, 2})));
+
+  write(dir.path / "modules.json", "[" + transformer + "," + pooling +
+                                       R"(, {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}])");
+  CHECK_THROWS_WITH(read_sentence_pooling(dir.path),
+                    Contains("module 2 is 'sentence_transformers.models.Dense', which torchpatch does not run"));
+  write(dir.path / "modules.json", "[" + transformer + "," + pooling + "]");
+  write(dir.path / "1_Pooling" / "config.json", R"({"pooling_mode_lasttoken": true})");
+  CHECK_THROWS_WITH(read_sentence_pooling(dir.path),
+                    Contains("pooling_mode_lasttoken is a pooling torchpatch does not implement"));
+  write(dir.path / "1_Pooling" / "config.json", R"({"pooling_mode_mean_tokens": true, "pooling_mode_cls_token": true})");
+  CHECK_THROWS_WITH(read_sentence_pooling(dir.path), Contains("set exactly one of") && Contains("(2 are set)"));
+  write(dir.path / "modules.json", "[" + transformer + "]");
+  CHECK_THROWS_AS(read_sentence_pooling(dir.path), ConfigError);
 }

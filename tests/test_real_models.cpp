@@ -2,6 +2,7 @@
 // by Hugging Face transformers and sentence-transformers (tests/data/real/README.md says how).
 #include "test_prelude.h"
 #include "test_util.h"
+#include "cli_util.h"
 
 #include "torchpatch/checkpoint/safetensors.h"
 #include "torchpatch/models/pretrained.h"
@@ -86,4 +87,19 @@ TEST_CASE("all-MiniLM-L6-v2: token states and sentence embeddings match transfor
     CHECK(testutil::close("all-MiniLM-L6-v2 row" + std::to_string(row) + " sentence_embedding", embedding,
                           m.get("sentence_embeddings").slice(0, row, row + 1), {}, 1e-5, 0));
   }
+}
+
+TEST_CASE("all-MiniLM-L6-v2: torchpatch run --prompt writes the sentence embedding sentence-transformers gives",
+          "[real][cli]") {
+  const MiniLm m;
+  const testutil::ScratchDir scratch("minilm-run");
+  const auto output = scratch.path / "out.safetensors";
+  const auto r = testutil::torchpatch_cli("run --model " + m.dir.string() + " --prompt '" + m.sentences[1] +
+                                          "' --output " + output.string());
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("sentence_embeddings [1, 384]") != std::string::npos);
+  const auto written = checkpoint::SafetensorsFile::open(output);
+  CHECK(testutil::close("cli row1 sentence_embeddings", written->tensor("sentence_embeddings"),
+                        m.get("sentence_embeddings").slice(0, 1, 2), {}, 1e-5, 0));
 }
