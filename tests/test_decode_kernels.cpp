@@ -53,6 +53,39 @@ TEST_CASE("attention for a few query rows equals the matmul path: grouped heads,
   }
 }
 
+TEST_CASE("fused prefill attention equals the eager path: grouped heads, causal and padded masks, a cache view",
+          "[kernels][attention]") {
+  using torchpatch::nn::PrefillAttention;
+  at::manual_seed(6);
+  const AttentionCase cases[] = {
+      {12, 4, 128, 128, 64, true, false, false},  // llama-125m's prefill, causal with left padding
+      {8, 2, 33, 70, 80, true, false, true},      // a chunk after a cache, an odd head size
+      {4, 4, 16, 16, 16, false, false, false},    // no mask (an encoder without padding)
+  };
+  for (const auto& c : cases) {
+    const int64_t batch = 2;
+    const auto q = at::randn({batch, c.heads, c.len, c.head_dim});
+    auto k = at::randn({batch, c.kv_heads, c.kv_len + (c.strided_cache ? 7 : 0), c.head_dim}).narrow(2, 0, c.kv_len);
+    auto v = at::randn(k.sizes());
+    at::Tensor mask;
+    if (c.mask) {  // causal over the last len keys, and row 1's first quarter is padding
+      const auto lowest = std::numeric_limits<float>::lowest();
+      mask = at::full({c.len, c.kv_len}, lowest).triu(c.kv_len - c.len + 1).expand({batch, 1, c.len, c.kv_len}).clone();
+      mask.select(0, 1).narrow(-1, 0, c.kv_len / 4).fill_(lowest);
+    }
+    const auto previous = torchpatch::nn::set_prefill_attention(PrefillAttention::kEager);
+    const auto eager = eager_attention(q, k, v, mask, 0.125);
+    torchpatch::nn::set_prefill_attention(PrefillAttention::kFused);
+    const auto fused = eager_attention(q, k, v, mask, 0.125);
+    torchpatch::nn::set_prefill_attention(previous);
+    // Rows that are all padding are left out: what attention over nothing gives is no one's reference.
+    const auto real_rows = c.mask ? (mask.amax(-1) > std::numeric_limits<float>::lowest()).squeeze(1) : at::Tensor();
+    CHECK(testutil::close("fused vs eager " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " heads, " +
+                              std::to_string(c.len) + " x " + std::to_string(c.kv_len),
+                          fused.flatten(2), eager.flatten(2), real_rows, 1e-5, 1e-5));  // [B, Q, nH*hd]
+  }
+}
+
 TEST_CASE("one-pass RMSNorm equals its formula, Llama's and Gemma's forms", "[kernels][rmsnorm]") {
   at::manual_seed(6);
   for (const bool unit_offset : {false, true}) {
