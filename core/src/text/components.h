@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -96,6 +97,9 @@ SplitBehavior parse_behavior(const nlohmann::json& j, const Source& where);
 /// roles of matches and the text between them. Empty pieces are dropped.
 std::vector<Normalized> split_at(const Normalized& piece, const std::vector<Range>& matches, SplitBehavior behavior,
                                  bool invert);
+
+/// `s` with every `from` replaced by `to`, left to right.
+std::string replace_all(const std::string& s, std::string_view from, std::string_view to);
 
 /// Whether c was assigned a character by Unicode 8.0. tokenizers' Bert components and its
 /// Punctuation pre-tokenizer take general categories from the unicode_categories crate, whose

@@ -143,19 +143,6 @@ class Metaspace : public Decoder {
   bool strip_first_;
 };
 
-// Replaces every `from` in s by `to`, left to right.
-std::string replace_all(const std::string& s, std::string_view from, std::string_view to) {
-  std::string out;
-  size_t at = 0;
-  for (size_t k = s.find(from); k != std::string::npos; k = s.find(from, at)) {
-    out.append(s, at, k - at);
-    out += to;
-    at = k + from.size();
-  }
-  out.append(s, at, std::string::npos);
-  return out;
-}
-
 // Words joined by spaces, a piece that continues a word ("##ing") joined without one. The cleanup
 // is tokenizers' own (it differs from transformers' clean_up_tokenization by " do not" -> " don't")
 // and runs on each token with its space, so a rule never spans two tokens.

@@ -28,6 +28,18 @@ bool bool_field(const nlohmann::json& j, const char* key, bool fallback, const S
   return it->get<bool>();
 }
 
+std::string replace_all(const std::string& s, std::string_view from, std::string_view to) {
+  std::string out;
+  size_t at = 0;
+  for (size_t k = s.find(from); k != std::string::npos; k = s.find(from, at)) {
+    out.append(s, at, k - at);
+    out += to;
+    at = k + from.size();
+  }
+  out.append(s, at, std::string::npos);
+  return out;
+}
+
 bool in_unicode_8(char32_t c) {
   UVersionInfo age;
   u_charAge(static_cast<UChar32>(c), age);

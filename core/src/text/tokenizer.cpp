@@ -457,18 +457,7 @@ const std::pair<const char*, const char*> kCleanUpRules[] = {
     {" n't", "n't"}, {" 'm", "'m"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
 
 std::string clean_up_spaces(std::string s) {
-  for (const auto& [from, to] : kCleanUpRules) {
-    std::string out;
-    const std::string f(from);
-    size_t at = 0;
-    for (size_t k = s.find(f); k != std::string::npos; k = s.find(f, at)) {
-      out.append(s, at, k - at);
-      out += to;
-      at = k + f.size();
-    }
-    out.append(s, at, std::string::npos);
-    s = std::move(out);
-  }
+  for (const auto& [from, to] : kCleanUpRules) s = replace_all(s, from, to);
   return s;
 }
 }  // namespace
