@@ -20,6 +20,19 @@ struct AttentionCase {
   bool mask, softcap, strided_cache;
 };
 
+struct Qkv {
+  at::Tensor q, k, v;
+};
+
+// Random q [B, nH, Q, hd] and k/v [B, nKV, KV, hd]; with strided_cache, k/v are the first kv_len
+// tokens of a longer buffer, as a cache hands them out (not contiguous along the batch).
+Qkv random_qkv(const AttentionCase& c, int64_t batch) {
+  auto q = at::randn({batch, c.heads, c.len, c.head_dim});
+  auto k = at::randn({batch, c.kv_heads, c.kv_len + (c.strided_cache ? 7 : 0), c.head_dim}).narrow(2, 0, c.kv_len);
+  auto v = at::randn(k.sizes());
+  return {q, k, v};
+}
+
 }  // namespace
 
 TEST_CASE("attention for a few query rows equals the matmul path: grouped heads, masks, soft-capping, a cache view",
@@ -34,10 +47,7 @@ TEST_CASE("attention for a few query rows equals the matmul path: grouped heads,
   };
   for (const auto& c : cases) {
     const int64_t batch = 2;
-    const auto q = at::randn({batch, c.heads, c.len, c.head_dim});
-    // A cache hands out the first kv_len tokens of a longer buffer: not contiguous along the batch.
-    auto k = at::randn({batch, c.kv_heads, c.kv_len + (c.strided_cache ? 7 : 0), c.head_dim}).narrow(2, 0, c.kv_len);
-    auto v = at::randn(k.sizes()) ;
+    const auto [q, k, v] = random_qkv(c, batch);
     at::Tensor mask;
     if (c.mask) {
       mask = at::zeros({batch, 1, c.len, c.kv_len});
@@ -64,9 +74,7 @@ TEST_CASE("fused prefill attention equals the eager path: grouped heads, causal 
   };
   for (const auto& c : cases) {
     const int64_t batch = 2;
-    const auto q = at::randn({batch, c.heads, c.len, c.head_dim});
-    auto k = at::randn({batch, c.kv_heads, c.kv_len + (c.strided_cache ? 7 : 0), c.head_dim}).narrow(2, 0, c.kv_len);
-    auto v = at::randn(k.sizes());
+    const auto [q, k, v] = random_qkv(c, batch);
     at::Tensor mask;
     if (c.mask) {  // causal over the last len keys, and row 1's first quarter is padding
       const auto lowest = std::numeric_limits<float>::lowest();
