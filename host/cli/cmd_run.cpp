@@ -70,10 +70,10 @@ nlohmann::json next_token_rows(const ModelInputs& inputs, const ModelOutput& out
 
 // A sentence-transformers checkpoint (its modules.json) pools an encoder's states into one embedding
 // a row, as sentence-transformers' encode does; undefined for any other model.
-at::Tensor sentence_embeddings(const Args& args, const ModelInputs& inputs, const ModelOutput& out) {
-  if (out.logits.defined() || !args.has("model")) return {};
-  const auto pooling = read_sentence_pooling(args.value("model"));
-  return pooling ? pool_sentences(out.last_hidden_state, inputs.attention_mask, *pooling) : at::Tensor();
+at::Tensor sentence_embeddings(const std::optional<SentencePooling>& pooling, const ModelInputs& inputs,
+                               const ModelOutput& out) {
+  if (!pooling || out.logits.defined()) return {};
+  return pool_sentences(out.last_hidden_state, inputs.attention_mask, *pooling);
 }
 
 nlohmann::json output_shapes(const ModelOutput& out, const at::Tensor& sentences) {
@@ -150,9 +150,11 @@ int cmd_run(const std::vector<std::string>& argv) {
     }
     inputs.outputs = routing;
   }
+  // Read before the forward pass, so that a pooling torchpatch cannot run is said before any work.
+  const auto pooling = args.has("model") ? read_sentence_pooling(args.value("model")) : std::nullopt;
   at::NoGradGuard no_grad;
   const ModelOutput out = built.model->forward(inputs);
-  const auto sentences = sentence_embeddings(args, inputs, out);
+  const auto sentences = sentence_embeddings(pooling, inputs, out);
 
   const bool reports = !process_group() || process_group()->rank() == 0;  // in a group, rank 0 writes
   if (args.has("output") && reports) checkpoint::save_safetensors(args.value("output"), output_tensors(*built.model, inputs, out, sentences));
