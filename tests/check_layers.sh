@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fails when a lower layer of libtorchpatch_core includes a higher one. The layers, lowest first:
-#   0 base        torchpatch/{config,error,export,version}.h  src/base
+#   0 base        torchpatch/{config,device,error,export,version}.h  src/base
 #   1 patching    torchpatch/patching/                      src/patching
 #   1 text        torchpatch/text/                          src/text (beside patching: base only)
 #   1 dist        torchpatch/dist/                          src/dist (process groups over c10d: base only)
@@ -19,7 +19,7 @@ layer_of() {  # a path under include/torchpatch or src, or an include target "to
     *checkpoint/*) echo 3 ;;
     *models/* | *generation/* | *moe/*) echo 4 ;;
     *runtime/*) echo 5 ;;
-    *base/* | torchpatch/config.h | torchpatch/error.h | torchpatch/export.h | torchpatch/version.h | \
+    *base/* | torchpatch/config.h | torchpatch/device.h | */torchpatch/device.h | torchpatch/error.h | torchpatch/export.h | torchpatch/version.h | \
       torchpatch/json_file.h | torchpatch/printable.h | */torchpatch/printable.h | */torchpatch/config.h | */torchpatch/error.h | */torchpatch/export.h | \
       */torchpatch/version.h | */torchpatch/json_file.h) echo 0 ;;
     *) echo unknown ;;

@@ -43,7 +43,7 @@ inline void check_forward(PretrainedModel& model, const Case& c) {
   in.attention_mask = c.get("attention_mask");
   in.position_ids = c.get("position_ids");
   in.output_hidden_states = true;
-  const auto out = model.forward(in);
+  const auto out = on_host(model.forward(in));
   CHECK(testutil::close(c.name + " logits", out.logits, c.get("logits"), in.attention_mask));
   REQUIRE(static_cast<int64_t>(out.hidden_states.size()) == c.get("hidden_states").size(0));  // layers + 1
   CHECK(testutil::close(c.name + " hidden_states", at::stack(out.hidden_states), c.get("hidden_states"),
@@ -67,7 +67,7 @@ inline void check_routing(PretrainedModel& model, const Case& c, const std::vect
   in.attention_mask = c.get("attention_mask");
   in.position_ids = c.get("position_ids");
   in.outputs = {"router_logits", "routing_weights", "selected_experts"};
-  const auto out = model.forward(in);
+  const auto out = on_host(model.forward(in));
   const auto real = in.attention_mask.reshape({-1});
   const auto padding = real.to(at::kBool).logical_not().unsqueeze(-1);
   for (const auto& name : in.outputs) REQUIRE(static_cast<int64_t>(out.captured.at(name).size()) == sparse_layers);

@@ -265,7 +265,7 @@ TEST_CASE("cli runtime errors exit with 1 and name the cause", "[cli][errors]") 
       {"run --preset tiny-llama --prompt-ids 1,999", "token id 999 at [0, 1] is out of range for vocab_size 256"},
       {"run --preset tiny-llama --prompt-ids 1 --patch LlamaAttention=Nope", "no class named 'Nope'"},
       {"run --preset nope --prompt-ids 1", "unknown preset 'nope' (presets: tiny-bert, "},
-      {"run --preset nope --prompt-ids 1", " tiny-llama, llama-125m, tiny-mistral, "},
+      {"run --preset nope --prompt-ids 1", " tiny-llama, llama-125m, llama3-8b, tiny-mistral, "},
       {"run --preset tiny-llama --prompt-ids 1 --patch LlamaMLP=CustomLlamaAttention",
        "has role Attention, but 'LlamaMLP' is a patch point of role Mlp"},
       {"run --preset tiny-llama --prompt-ids 1 --patch Llama=CustomLlamaAttention",

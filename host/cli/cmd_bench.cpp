@@ -13,6 +13,7 @@
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <torch/cuda.h>
 
 #include "commands.h"
 #include "session.h"
@@ -59,6 +60,32 @@ struct MatmulRates {
   double own;
   double blas;
 };
+
+// On a GPU: a copy of 1 GiB on the device (read + written per second), and a product shaped as a
+// prefill's on the model's dtype (512 rows, a 4096 x 4096 weight), each waited for.
+double device_copy_bandwidth(int repeats, c10::Device device) {
+  const int64_t bytes = int64_t{1} << 30;
+  auto src = at::ones({bytes / 4}, at::TensorOptions().device(device));
+  auto dst = at::empty_like(src);
+  const auto copy = [&] {
+    dst.copy_(src);
+    torch::cuda::synchronize(device.index());
+  };
+  copy();
+  return 2.0 * static_cast<double>(bytes) / best_seconds(repeats + 2, copy);
+}
+
+double device_matmul_rate(int repeats, c10::Device device, c10::ScalarType dtype) {
+  const int64_t rows = 512, n = 4096;
+  const auto on = at::TensorOptions().device(device).dtype(dtype);
+  auto a = at::randn({rows, n}, on), b = at::randn({n, n}, on);
+  const auto product = [&] {
+    at::linear(a, b);
+    torch::cuda::synchronize(device.index());
+  };
+  product();
+  return 2.0 * static_cast<double>(rows * n * n) / best_seconds(repeats + 5, product);
+}
 
 MatmulRates matmul_rates(int repeats) {
   const int64_t rows = 128, n = 1024;
@@ -117,10 +144,11 @@ struct Measurement {
 };
 
 Measurement measure(const std::string& variant, PretrainedModel& model, int64_t prompt_len, int64_t decode_tokens,
-                    int repeats) {
+                    int repeats, bool cuda_graph = true) {
   const auto ids = at::randint(3, model.config().decoder.vocab_size, {1, prompt_len}, at::kLong);
   GenerationConfig config;
   config.max_new_tokens = decode_tokens + 1;
+  config.cuda_graph = cuda_graph;
   generate(model, ids, {}, config);  // warm up
   Measurement m{variant, 0, 0, weight_bytes_per_token(model)};
   for (int i = 0; i < repeats; ++i) {
@@ -221,12 +249,15 @@ void measure_variants(PluginHost& host, BuiltModel& built, const Args& args, con
   }
 }
 
-void print_report(const nlohmann::json& report) {
+void print_machine(const nlohmann::json& report) {
   std::cout << fmt::format("machine: copy bandwidth {:.2f} GB/s (memcpy of 256 MiB, read + written, best of before and after the variants), float32 matmul "
                            "{:.1f} GFLOP/s (128x1024x1024, oneDNN; the system BLAS {:.1f}), {} thread(s)\n",
                            report["copy_bandwidth_bytes_per_second"].get<double>() / 1e9,
                            report["matmul_flops_per_second"].get<double>() / 1e9,
                            report["blas_matmul_flops_per_second"].get<double>() / 1e9, report["threads"].get<int>());
+}
+
+void print_table(const nlohmann::json& report) {
   std::cout << fmt::format("model: {} ({:.1f}M parameters), {:.1f} MB of weights read per decoded token, "
                            "decode limit {:.1f} tokens/s; prefill of {} tokens = {:.2f} GFLOP\n",
                            report["model"].get<std::string>(), report["parameters"].get<double>() / 1e6,
@@ -245,6 +276,18 @@ void print_report(const nlohmann::json& report) {
                              r["prefill_tokens_per_second"].get<double>(), r["prefill_gflops"].get<double>(),
                              r["prefill_fraction_of_matmul_rate"].get<double>());
   }
+}
+
+void print_report(const nlohmann::json& report) {
+  if (report["device"].get<std::string>() != "cpu") {
+    std::cout << fmt::format("device: {}: copy bandwidth {:.1f} GB/s (1 GiB copied on the device, read + written), "
+                             "{} matmul {:.1f} TFLOP/s (512x4096x4096)\n",
+                             report["device"].get<std::string>(), report["copy_bandwidth_bytes_per_second"].get<double>() / 1e9,
+                             report["dtype"].get<std::string>(), report["matmul_flops_per_second"].get<double>() / 1e12);
+  } else {
+    print_machine(report);
+  }
+  print_table(report);
 }
 
 }  // namespace
@@ -274,18 +317,26 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const int64_t repeats_wanted = int_option(args, "repeats", 3, 1);
   if (repeats_wanted > 1000000) throw UsageError(fmt::format("--repeats: {} is more than 1000000", repeats_wanted));
   const int repeats = static_cast<int>(repeats_wanted);
-  apply_threads(args, /*fallback=*/1);  // one thread unless asked: the figures compare with the one-thread limits
+  // One thread unless asked: on the CPU the figures compare with the one-thread limits. On a GPU the
+  // host only loads (and quantizes) the weights, with every core.
+  const bool on_gpu = args.has("device") && args.value("device") != "cpu";
+  apply_threads(args, /*fallback=*/on_gpu ? 0 : 1);
   std::vector<std::string> forwarded = argv;
   if (!args.has("model") && !args.has("preset")) forwarded.insert(forwarded.end(), {"--preset", "llama-125m"});
   const Args model_args(specs, forwarded);
 
   const auto host = open_plugin_host(model_args);
-  double bandwidth = copy_bandwidth(repeats);
-  const auto rates = matmul_rates(repeats);
-  const double matmul = rates.own;
-
+  const auto options = pretrained_options(model_args, *host);
+  const bool cpu = options.device.is_cpu();
+  // On the CPU the machine is measured before the model takes its memory; a GPU is measured with the
+  // model on it, in the model's dtype.
+  double bandwidth = cpu ? copy_bandwidth(repeats) : 0;
+  const auto rates = cpu ? matmul_rates(repeats) : MatmulRates{0, 0};
   BuiltModel built = build_model(*host, model_args);
   at::NoGradGuard no_grad;
+  const auto dtype = built.model->parameters().empty() ? at::kFloat : built.model->parameters().front().scalar_type();
+  if (!cpu) bandwidth = device_copy_bandwidth(repeats, options.device);
+  const double matmul = cpu ? rates.own : device_matmul_rate(repeats, options.device, dtype);
   const double bytes = weight_bytes_per_token(*built.model);
   const double flops = prefill_flops(*built.model, prompt_len);
   int64_t parameters = 0;
@@ -294,7 +345,12 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const BenchRun run{prompt_len, decode_tokens, repeats};
   std::vector<Measurement> results{measure(args.has("patch") ? "as patched" : "built-in", *built.model, prompt_len,
                                            decode_tokens, repeats)};
-  if (!args.flag("no-blas")) {
+  if (!cpu) {
+    // CUDA graph decoding's baseline: one forward pass per token, each operation launched by the host.
+    results.push_back(measure(results[0].variant + ", no CUDA graph", *built.model, prompt_len, decode_tokens, repeats,
+                              /*cuda_graph=*/false));
+  }
+  if (!args.flag("no-blas") && cpu) {
     // The same model with every float32 product on the system BLAS (sgemv for one token, sgemm for
     // prefill): the baseline of the decoding kernel and of oneDNN's sgemm.
     const auto previous_decode = nn::set_decode_kernel(nn::DecodeKernel::kBlas);
@@ -313,7 +369,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   measure_variants(*host, built, args, specs, forwarded, run, results);
   // Measured again after the variants, and the higher figure kept: on a shared machine the bandwidth
   // drifts, and the limit should be the best this machine showed during the run.
-  bandwidth = std::max(bandwidth, copy_bandwidth(repeats));
+  bandwidth = std::max(bandwidth, cpu ? copy_bandwidth(repeats) : device_copy_bandwidth(repeats, options.device));
 
   const double limit = bandwidth / bytes;  // tokens/s if decoding only streamed the weights
   auto rows = nlohmann::json::array();
@@ -329,6 +385,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
                     {"prefill_fraction_of_matmul_rate", gflops * 1e9 / matmul}});
   }
   const nlohmann::json report{{"model", built.source},
+                              {"device", options.device.str()},
+                              {"dtype", c10::toString(dtype)},
                               {"parameters", parameters},
                               {"weight_bytes_per_token", bytes},
                               {"threads", at::get_num_threads()},

@@ -73,6 +73,8 @@ GenerationConfig read_generation_config(const Args& args, const DecoderConfig& m
   GenerationConfig config;
   config.max_new_tokens = int_option(args, "max-new-tokens", 20, 0);
   config.do_sample = args.flag("do-sample");
+  config.cuda_graph = !args.flag("no-cuda-graph");
+  config.static_cache = args.flag("static-cache");
   for (const char* name : {"temperature", "top-k", "top-p", "seed"}) {
     if (args.has(name) && !config.do_sample) throw UsageError(fmt::format("--{} needs --do-sample", name));
   }
@@ -140,6 +142,8 @@ int cmd_generate(const std::vector<std::string>& argv) {
                 {"eos-ids", "IDS", "stop a row at these ids (default: eos_token_id of generation_config.json, else "
                                    "config.json)"},
                 {"ignore-eos", "", "never stop early"},
+                {"static-cache", "", "decode over a static cache of prompt + new tokens (Hugging Face's cache_implementation=\"static\"); on CUDA it is the default"},
+                {"no-cuda-graph", "", "on CUDA, one forward pass per token instead of replaying a CUDA graph of the step"},
                 {"output", "FILE", "write generated_ids [B, prompt+new] and generated_logits [new, B, V] (each "
                                    "step's raw next-token logits, float32) to this safetensors file"}});
   const auto text_options = prompt_options();
@@ -181,6 +185,11 @@ int cmd_generate(const std::vector<std::string>& argv) {
     config.on_step = progress_printer(&progress_shown);
   }
   const auto out = generate(*built.model, inputs.input_ids, inputs.attention_mask, config);
+  if (!out.static_refusal.empty() && !args.flag("quiet") && !args.flag("json")) {
+    std::cerr << "torchpatch: note: decoding on " << built.model->device().str() << " without "
+              << (out.static_cache ? "a CUDA graph" : built.model->device().is_cuda() && config.cuda_graph ? "a static cache and CUDA graph" : "a static cache")
+              << ": " << out.static_refusal << "\n";
+  }
   if (progress_shown) std::cerr << "\n";
   if (decoder) std::cout << (out.new_tokens == 0 ? prompt_read : std::string()) << decoder->finish() << std::endl;
 

@@ -140,7 +140,7 @@ int replay(const std::vector<std::string>& argv) {
   in.input_ids = ids;
   in.labels = labels;
   const auto guard = naming_file([&] { return std::make_unique<ReplayMoeRouting>(*built.model, routes); });
-  const auto out = built.model->forward(in);
+  const auto out = on_host(built.model->forward(in));
   out.loss.backward();
   double squared = 0;
   for (const auto& router : moe_routers(*built.model)) {

@@ -153,7 +153,7 @@ int cmd_run(const std::vector<std::string>& argv) {
   // Read before the forward pass, so that a pooling torchpatch cannot run is said before any work.
   const auto pooling = args.has("model") ? read_sentence_pooling(args.value("model")) : std::nullopt;
   at::NoGradGuard no_grad;
-  const ModelOutput out = built.model->forward(inputs);
+  const ModelOutput out = on_host(built.model->forward(inputs));
   const auto sentences = sentence_embeddings(pooling, inputs, out);
 
   const bool reports = !process_group() || process_group()->rank() == 0;  // in a group, rank 0 writes

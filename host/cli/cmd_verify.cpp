@@ -307,8 +307,8 @@ int cmd_verify(const std::vector<std::string>& argv) {
   if (moe) inputs.outputs = {"router_logits", "selected_experts"};
 
   at::NoGradGuard no_grad;
-  const auto want = original->forward(inputs);
-  const auto got = patched->forward(inputs);
+  const auto want = on_host(original->forward(inputs));
+  const auto got = on_host(patched->forward(inputs));
   const Verdict verdict = compare_outputs(want, got, inputs.attention_mask, moe, atol, rtol);
   const auto [t_original, t_patched] = median_seconds(*original, *patched, inputs, repeat);
   const double speed_ratio = t_original / t_patched;

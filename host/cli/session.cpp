@@ -27,6 +27,7 @@
 #include "torchpatch/patching/class_table.h"
 #include "torchpatch/patching/roles.h"
 #include "torchpatch/patching/scope.h"
+#include "torchpatch/device.h"
 #include "torchpatch/printable.h"
 
 namespace torchpatch::cli {
@@ -53,6 +54,7 @@ std::vector<OptionSpec> model_options() {
                                                fmt::join(preset_names(), ", "))},
                 {"patch", "KEY=CLASS", "replace patch point KEY (class name or regex) with CLASS", true},
                 {"dtype", "TYPE", "parameter dtype: float32 (default), bfloat16 or float16"},
+                {"device", "DEVICE", "where the model runs: cpu (default), cuda or cuda:N (a CUDA build and an NVIDIA GPU)"},
                 {"quantize", "FORMAT", "quantize projections and MoE experts to q8_0 or q4_0 as they load (GGUF's blocks; "
                                        "the bundled plugin 'quantized')"},
                 {"keep-float", "PATTERN", "with --quantize: keep the modules whose path matches PATTERN in float "
@@ -132,6 +134,13 @@ PretrainedOptions pretrained_options(const Args& args, const PluginHost& host) {
     else if (name == "bfloat16") options.dtype = at::kBFloat16;
     else if (name == "float16") options.dtype = at::kHalf;
     else throw UsageError("--dtype: '" + name + "' is not one of float32, bfloat16, float16");
+  }
+  if (args.has("device")) {
+    try {
+      options.device = parse_device(args.value("device"));
+    } catch (const DeviceError& e) {
+      throw UsageError(std::string("--device: ") + e.what());
+    }
   }
   if (args.has("experts")) {
     const auto impl = args.value("experts");

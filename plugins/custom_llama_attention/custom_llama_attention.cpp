@@ -24,7 +24,8 @@ class CustomLlamaAttention : public torchpatch::llama::LlamaAttention {
 };
 
 void register_plugin(torchpatch::Registrar& registrar) {
-  registrar.add_replacement<CustomLlamaAttention>("CustomLlamaAttention", {"LlamaAttention"});
+  // LibTorch's operations only, so it runs wherever the model does.
+  registrar.add_replacement<CustomLlamaAttention>("CustomLlamaAttention", {"LlamaAttention"}, {c10::kCPU, c10::kCUDA});
 }
 
 }  // namespace

@@ -39,7 +39,8 @@ torchpatch::checkpoint::ConversionRules fused_qkv_rules(const torchpatch::Config
 void register_plugin(torchpatch::Registrar& registrar) {
   // Every family's plain grouped-query attention (the `attention` kind), whatever it is called.
   registrar.add_replacement<FusedQKVAttention>("FusedQKVAttention",
-                                               {torchpatch::PatchMapping::kind_key(torchpatch::block_kind::kAttention)});
+                                               {torchpatch::PatchMapping::kind_key(torchpatch::block_kind::kAttention)},
+                                               {c10::kCPU, c10::kCUDA});
   registrar.add_conversion("FusedQKVAttention", fused_qkv_rules);
 }
 

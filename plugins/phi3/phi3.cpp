@@ -118,6 +118,7 @@ Family phi3_family() {
   family.parse_config = [traits](const nlohmann::json& j, const std::string& source) { return parse_phi3(j, source, traits); };
   for (auto& point : family.patch_points) {
     if (point.name == "Phi3MLP") point.kind = block_kind::kFusedMlp;  // one gate_up_proj, split by column halves
+    point.devices = {c10::kCPU, c10::kCUDA};                            // LibTorch's operations only
   }
   auto tiny = tiny_decoder_preset("phi3", "Phi3ForCausalLM");
   tiny["original_max_position_embeddings"] = 256;

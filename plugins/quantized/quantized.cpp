@@ -107,6 +107,7 @@ class LayoutOp : public checkpoint::ConversionOp {
     auto& tensors = inputs.at(0).second;
     if (torchpatch::nn::preferred_quant_layout() == torchpatch::nn::QuantLayout::kRows16) {
       for (auto& t : tensors) {
+        if (!t.is_cpu()) continue;  // blocks on a GPU are GGUF's as they are
         if (t.scalar_type() != at::kByte || t.dim() < 2 || t.size(-1) % torchpatch::nn::block_bytes(format_) != 0) continue;
         t = pack_ ? torchpatch::nn::pack_blocks(format_, t, targets.at(0))
                   : torchpatch::nn::unpack_blocks(format_, t, targets.at(0));
@@ -155,14 +156,39 @@ at::Tensor in_float(const at::Tensor& x, Fn&& fn) {
   return fn(x.to(at::kFloat).contiguous()).to(x.scalar_type());
 }
 
+// Blocks moved to a GPU in the layout its kernels read (GGUF's, kBlocks), and back in the CPU's.
+void move_blocks(QuantFormat format, torch::nn::Module& module, torchpatch::nn::QuantLayout& layout,
+                 torch::Device device) {
+  using torchpatch::nn::QuantLayout;
+  const auto wanted = device.is_cpu() ? torchpatch::nn::preferred_quant_layout() : QuantLayout::kBlocks;
+  for (auto& item : module.named_parameters(/*recurse=*/false)) {
+    auto& blocks = item.value();
+    if (blocks.scalar_type() != at::kByte) {
+      blocks.set_data(blocks.to(device));
+      continue;
+    }
+    auto host = blocks.cpu();
+    if (layout != wanted) {
+      host = wanted == QuantLayout::kRows16 ? torchpatch::nn::pack_blocks(format, host, item.key())
+                                            : torchpatch::nn::unpack_blocks(format, host, item.key());
+    }
+    blocks.set_data(host.to(device));
+  }
+  layout = wanted;
+}
+
 // Quantized modules keep their blocks as they are when a model changes dtype; only float parts follow.
 #define TORCHPATCH_KEEP_BLOCKS_ON_DTYPE_CHANGE                                                          \
   using torch::nn::Module::to;                                                                          \
   void to(torch::Dtype dtype, bool non_blocking = false) override { convert_float_parts(dtype, non_blocking); } \
+  void to(torch::Device device, bool non_blocking = false) override {                                  \
+    if (device != weight_device()) move_blocks(kFormat, *this, layout_, device);                        \
+  }                                                                                                     \
   void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override {              \
-    if (!device.is_cpu()) throw torchpatch::InputError("quantized modules run on the CPU only");       \
+    to(device, non_blocking);                                                                           \
     convert_float_parts(dtype, non_blocking);                                                           \
-  }
+  }                                                                                                     \
+  torch::Device weight_device() const { return parameters(false).front().device(); }
 
 // -- Linear -----------------------------------------------------------------------------------------------
 
@@ -177,6 +203,7 @@ class QuantizedLinear : public torchpatch::roles::Linear {
   }
 
   at::Tensor forward(const at::Tensor& x) override {
+    if (x.is_cuda()) return torchpatch::nn::quant_linear(F, x, weight, out_, bias, layout_);  // any float dtype there
     return in_float(x, [&](const at::Tensor& x32) {
       return torchpatch::nn::quant_linear(F, x32, weight, out_, bias.defined() ? bias.to(at::kFloat) : bias, layout_);
     });
@@ -189,7 +216,8 @@ class QuantizedLinear : public torchpatch::roles::Linear {
   at::Tensor bias;    ///< float [out] or undefined
 
  private:
-  const torchpatch::nn::QuantLayout layout_ = torchpatch::nn::preferred_quant_layout();
+  static constexpr QuantFormat kFormat = F;
+  torchpatch::nn::QuantLayout layout_ = torchpatch::nn::preferred_quant_layout();
   void convert_float_parts(torch::Dtype dtype, bool non_blocking) {
     if (bias.defined()) bias.set_data(bias.to(dtype, non_blocking));
   }
@@ -240,7 +268,8 @@ class QuantizedExperts : public torchpatch::roles::Experts {
 
  private:
   void convert_float_parts(torch::Dtype, bool) {}
-  const torchpatch::nn::QuantLayout layout_ = torchpatch::nn::preferred_quant_layout();
+  static constexpr QuantFormat kFormat = F;
+  torchpatch::nn::QuantLayout layout_ = torchpatch::nn::preferred_quant_layout();
   int64_t num_experts_ = 0, intermediate_ = 0, hidden_ = 0;
   torchpatch::nn::Activation act_ = torchpatch::nn::Activation::kSilu;
 };
@@ -308,7 +337,8 @@ class QuantizedClampedSwigluExperts : public torchpatch::roles::Experts {
     gate_up_proj_bias.set_data(gate_up_proj_bias.to(dtype, non_blocking));
     down_proj_bias.set_data(down_proj_bias.to(dtype, non_blocking));
   }
-  const torchpatch::nn::QuantLayout layout_ = torchpatch::nn::preferred_quant_layout();
+  static constexpr QuantFormat kFormat = F;
+  torchpatch::nn::QuantLayout layout_ = torchpatch::nn::preferred_quant_layout();
   torchpatch::nn::ClampedSwigluExpertsOptions options_;
 };
 
@@ -322,14 +352,19 @@ checkpoint::ConversionRules clamped_swiglu_experts_rules(QuantFormat format) {
 
 // -- the "ggml" quantization method --------------------------------------------------------------------
 
+// Every class here runs on the CPU's kernels and on CUDA's (nn/quant.h).
+torchpatch::ModuleClass on_cpu_and_cuda(torchpatch::ModuleClass cls) {
+  return torchpatch::with_devices(std::move(cls), {c10::kCPU, c10::kCUDA});
+}
+
 template <QuantFormat F>
 torchpatch::ModuleClass linear_class() {
-  return torchpatch::module_class<QuantizedLinear<F>>(F == QuantFormat::kQ8_0 ? "Q8_0Linear" : "Q4_0Linear");
+  return on_cpu_and_cuda(torchpatch::module_class<QuantizedLinear<F>>(F == QuantFormat::kQ8_0 ? "Q8_0Linear" : "Q4_0Linear"));
 }
 
 template <QuantFormat F>
 torchpatch::ModuleClass experts_class() {
-  return torchpatch::module_class<QuantizedExperts<F>>(F == QuantFormat::kQ8_0 ? "Q8_0Experts" : "Q4_0Experts");
+  return on_cpu_and_cuda(torchpatch::module_class<QuantizedExperts<F>>(F == QuantFormat::kQ8_0 ? "Q8_0Experts" : "Q4_0Experts"));
 }
 
 QuantFormat format_field(const nlohmann::json& value, const std::string& field) {
@@ -358,8 +393,8 @@ std::vector<std::string> string_list(const nlohmann::json& config, const char* f
 
 template <QuantFormat F>
 torchpatch::ModuleClass clamped_swiglu_experts_class() {
-  return torchpatch::module_class<QuantizedClampedSwigluExperts<F>>(F == QuantFormat::kQ8_0 ? "Q8_0ClampedSwigluExperts"
-                                                                                             : "Q4_0ClampedSwigluExperts");
+  return on_cpu_and_cuda(torchpatch::module_class<QuantizedClampedSwigluExperts<F>>(
+      F == QuantFormat::kQ8_0 ? "Q8_0ClampedSwigluExperts" : "Q4_0ClampedSwigluExperts"));
 }
 
 /// What each format replaces: a Linear, nn::FusedExperts, nn::ClampedSwigluExperts.

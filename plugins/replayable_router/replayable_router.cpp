@@ -86,12 +86,13 @@ class ReplayableSoftmaxOfTopKRouter : public Replayable<torchpatch::nn::SoftmaxO
 
 void register_plugin(torchpatch::Registrar& registrar) {
   using torchpatch::PatchMapping;
+  const torchpatch::DeviceTypes kDevices{c10::kCPU, c10::kCUDA};  // LibTorch's operations only
   registrar.add_replacement<ReplayableTopKRouter>("ReplayableTopKRouter",
-                                                  {PatchMapping::kind_key(torchpatch::block_kind::kRouter)});
+                                                  {PatchMapping::kind_key(torchpatch::block_kind::kRouter)}, kDevices);
   registrar.add_replacement<ReplayableGroupedTopKRouter>("ReplayableGroupedTopKRouter",
-                                                         {PatchMapping::kind_key(torchpatch::block_kind::kGroupedRouter)});
+                                                         {PatchMapping::kind_key(torchpatch::block_kind::kGroupedRouter)}, kDevices);
   registrar.add_replacement<ReplayableSoftmaxOfTopKRouter>(
-      "ReplayableSoftmaxOfTopKRouter", {PatchMapping::kind_key(torchpatch::block_kind::kSoftmaxOfTopKRouter)});
+      "ReplayableSoftmaxOfTopKRouter", {PatchMapping::kind_key(torchpatch::block_kind::kSoftmaxOfTopKRouter)}, kDevices);
 }
 
 }  // namespace

@@ -45,9 +45,10 @@ class SequentialExperts : public torchpatch::roles::Experts {
 };
 
 void register_plugin(torchpatch::Registrar& registrar) {
+  const torchpatch::DeviceTypes devices{c10::kCPU, c10::kCUDA};  // LibTorch's operations only
   registrar.add_replacement<SequentialExperts>("SequentialExperts",
-                                              {torchpatch::PatchMapping::kind_key(torchpatch::block_kind::kExperts)});
-  registrar.add_replacement<SequentialExperts>("ModuleListExperts", {});
+                                              {torchpatch::PatchMapping::kind_key(torchpatch::block_kind::kExperts)}, devices);
+  registrar.add_replacement<SequentialExperts>("ModuleListExperts", {}, devices);
   // The hub's experts.{e}.*.weight load as they are, renamed where the family names its projections
   // otherwise (Mixtral's w1/w3/w2 are gate/up/down).
   for (const char* cls : {"SequentialExperts", "ModuleListExperts"}) {

@@ -44,4 +44,10 @@ class TORCHPATCH_API InputError : public Error {
   using Error::Error;
 };
 
+/// A device that this machine or this build does not have, or that a module cannot run on.
+class TORCHPATCH_API DeviceError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace torchpatch

@@ -338,7 +338,8 @@ class WeightLoad {
       return;
     }
     if (value.is_floating_point()) count_non_finite(name, value);
-    if (value.scalar_type() == param.scalar_type() && value.is_contiguous() && param.is_contiguous()) {
+    if (value.scalar_type() == param.scalar_type() && value.device() == param.device() && value.is_contiguous() &&
+        param.is_contiguous()) {
       if (copy_mapped_ && ckpt_.maps(value.data_ptr())) {
         auto own = base::empty_in_huge_pages(value.sizes(), value.options());
         param.set_data(own.copy_(value));
@@ -346,7 +347,7 @@ class WeightLoad {
         param.set_data(value);  // adopt it: a view of the memory-mapped file, or a fresh conversion result
       }
     } else {
-      param.copy_(value);  // another dtype (or layout): convert into the parameter
+      param.copy_(value);  // another dtype, layout or device: convert into the parameter
     }
   }
 
@@ -646,8 +647,11 @@ SaveReport report_of(const fs::path& staging) {
 }  // namespace
 
 SaveReport save_pretrained(const Loadable& model, const fs::path& dir, const SaveOptions& options) {
-  const auto tensors =
+  auto tensors =
       hub_state_dict(model, options.conversions ? *options.conversions : global_conversions(), !options.dequantize);
+  for (auto& item : tensors) {
+    if (!item.second.is_cpu()) item.second = item.second.cpu();  // a model on a GPU is written from the host
+  }
   SaveReport report;
   DirectoryUpdate update;
   update.write = [&](const fs::path& staging) {

@@ -126,6 +126,34 @@ void SlidingWindowLayer::crop(int64_t max_length) {
   stored_ = seen_ = std::clamp<int64_t>(max_length, 0, stored_);
 }
 
+// Static layer ----------------------------------------------------------------------------------
+
+StaticLayer::StaticLayer(CacheLayer& layer, int64_t capacity, at::Tensor write_at)
+    : capacity_(capacity), write_at_(std::move(write_at)) {
+  if (!layer.keys_.defined() || layer.stored_ > capacity) {
+    throw InputError(fmt::format("static cache: {} stored tokens do not fit {} slots", layer.stored_, capacity));
+  }
+  auto shape = layer.keys_.sizes().vec(), value_shape = layer.values_.sizes().vec();
+  shape[2] = value_shape[2] = capacity;
+  keys_ = at::zeros(shape, layer.keys_.options());
+  values_ = at::zeros(value_shape, layer.values_.options());
+  keys_.narrow(2, 0, layer.stored_).copy_(layer.keys_.narrow(2, 0, layer.stored_));
+  values_.narrow(2, 0, layer.stored_).copy_(layer.values_.narrow(2, 0, layer.stored_));
+  stored_ = capacity;
+}
+
+std::pair<at::Tensor, at::Tensor> StaticLayer::update(const at::Tensor& keys, const at::Tensor& values) {
+  check_kv(keys, values, keys_);
+  if (keys.size(2) != 1) {
+    throw InputError(fmt::format("static cache: updates one token at a time, got {}", keys.size(2)));
+  }
+  keys_.index_copy_(2, write_at_, keys);
+  values_.index_copy_(2, write_at_, values);
+  return {keys_, values_};
+}
+
+void StaticLayer::crop(int64_t) { throw InputError("static cache: a static layer cannot be cropped"); }
+
 // The cache -------------------------------------------------------------------------------------
 
 DynamicCache::DynamicCache(const DecoderConfig& config) {
@@ -181,6 +209,13 @@ void DynamicCache::batch_repeat_interleave(int64_t repeats) {
 void DynamicCache::reserve(int64_t tokens) {
   reserve_ = tokens;
   for (auto& layer : layers_) layer->reserve(tokens);
+}
+
+void DynamicCache::make_static(int64_t capacity, const at::Tensor& write_at) {
+  for (auto& layer : layers_) {
+    if (layer->sliding_window()) throw InputError("static cache: a sliding-window layer cannot be made static");
+    layer = std::make_unique<StaticLayer>(*layer, capacity, write_at);
+  }
 }
 
 void DynamicCache::reset() {

@@ -13,6 +13,7 @@
 #include <fmt/ranges.h>  // fmt::join
 
 #include "torchpatch/error.h"
+#include "generation/static_decode.h"
 #include "torchpatch/generation/cache.h"
 
 namespace torchpatch {
@@ -103,6 +104,29 @@ void check_memory(const DecoderConfig& d, int64_t batch, int64_t prompt, int64_t
 
 }  // namespace
 
+namespace {
+// Why `model` cannot decode over a static cache (`graph`: in a CUDA graph, which replays fixed
+// operations on fixed buffers, so nothing in the step may read a value on the host), or "".
+std::string static_refusal(const PretrainedModel& model, const GenerationConfig& config, int64_t prompt, bool graph) {
+  const auto& d = model.config().decoder;
+  if (config.max_new_tokens < 3) return "fewer than 3 new tokens";
+  if (!config.outputs.empty()) return "outputs are captured at every step";
+  for (const auto& type : d.layer_types) {
+    if (type == kSlidingAttention) return "sliding-window layers (their window moves)";
+  }
+  if (d.sliding_window && d.layer_types.empty()) return "sliding-window layers (their window moves)";
+  for (int64_t n = prompt; n <= prompt + config.max_new_tokens; ++n) {
+    if (model.recompute_at(n, n - 1)) return model.class_name() + " recomputes its cache during generation";
+  }
+  if (!graph) return "";
+  if (d.moe.num_experts > 0) return "a mixture-of-experts model (its routing reads expert indices on the host)";
+  if (d.rope.kind == nn::RopeKind::kDynamic || d.rope.kind == nn::RopeKind::kLongrope) {
+    return "rope_type '" + d.rope.rope_type + "' (it picks frequencies from the longest position, on the host)";
+  }
+  return "";
+}
+}  // namespace
+
 GenerationOutput generate(PretrainedModel& model, const at::Tensor& input_ids, const at::Tensor& attention_mask,
                           const GenerationConfig& config) {
   check_config(config);
@@ -141,13 +165,15 @@ GenerationOutput generate(PretrainedModel& model, const at::Tensor& input_ids, c
   at::NoGradGuard no_grad;
   GenerationOutput out;
   out.prompt_tokens = batch * prompt;
-  auto sequences = at::empty({batch, prompt + config.max_new_tokens}, at::kLong);
+  // Tokens are chosen where the model runs; the sequences come back to the host at the end.
+  const auto on = at::TensorOptions().device(model.device());
+  auto sequences = at::empty({batch, prompt + config.max_new_tokens}, on.dtype(at::kLong));
   sequences.narrow(1, 0, prompt).copy_(input_ids);
-  auto unfinished = at::ones({batch}, at::kBool);
-  const auto eos = at::tensor(config.eos_token_ids, at::kLong);
+  auto unfinished = at::ones({batch}, on.dtype(at::kBool));
+  const auto eos = at::tensor(config.eos_token_ids, at::kLong).to(on.device());
 
   ModelInputs in;
-  in.input_ids = input_ids.to(at::kLong);
+  in.input_ids = input_ids.to(on.device(), at::kLong);
   in.past_key_values = std::make_shared<DynamicCache>(d);
   // Room for the prompt and the first steps; a long run grows by doubling, so a large
   // max_new_tokens that stops early at eos does not hold memory it never used.
@@ -155,14 +181,24 @@ GenerationOutput generate(PretrainedModel& model, const at::Tensor& input_ids, c
   in.logits_to_keep = 1;
   in.outputs = config.outputs;
   if (mask.defined()) {
-    in.attention_mask = mask.to(at::kLong);
+    in.attention_mask = mask.to(on.device(), at::kLong);
     in.position_ids = positions_from_mask(in.attention_mask);
   }
 
+  // Static decoding where asked, and on CUDA for its graph (decoder, made after the prefill).
+  const bool graph_wanted = on.device().is_cuda() && config.cuda_graph;
+  const bool static_wanted = graph_wanted || config.static_cache;
+  if (static_wanted) out.static_refusal = static_refusal(model, config, prompt, graph_wanted);
+  std::unique_ptr<StaticDecoder> decoder;
   const auto start = Clock::now();
   int64_t step = 0;
   while (step < config.max_new_tokens) {
     const auto result = [&] {
+      if (decoder) {
+        ModelOutput output;
+        output.logits = decoder->step(in.input_ids);
+        return output;
+      }
       c10::InferenceMode inference;  // no autograd or version-counter bookkeeping per op
       return model.forward(in);
     }();
@@ -186,7 +222,8 @@ GenerationOutput generate(PretrainedModel& model, const at::Tensor& input_ids, c
                                      "probabilities are not finite",
                                      step + 1));
       }
-      next = at::multinomial(probabilities, 1, false, generator).squeeze(1);
+      // Drawn on the host, from the seeded generator: the same tokens on every device.
+      next = at::multinomial(probabilities.cpu(), 1, false, generator).squeeze(1).to(on.device());
     } else {
       next = logits.argmax(-1);
     }
@@ -202,8 +239,8 @@ GenerationOutput generate(PretrainedModel& model, const at::Tensor& input_ids, c
     ++step;
     if (step == 1) out.prefill_seconds = seconds_since(start);
     if (config.on_step) {
-      const auto ids = next.contiguous();
-      const auto done = unfinished.logical_not().contiguous();
+      const auto ids = next.cpu().contiguous();
+      const auto done = unfinished.logical_not().cpu().contiguous();
       config.on_step({step, config.max_new_tokens, seconds_since(start),
                       std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + batch),
                       std::vector<bool>(done.data_ptr<bool>(), done.data_ptr<bool>() + batch)});
@@ -211,8 +248,9 @@ GenerationOutput generate(PretrainedModel& model, const at::Tensor& input_ids, c
     if (step == config.max_new_tokens || !unfinished.any().item<bool>()) break;
 
     in.input_ids = next.unsqueeze(1);
+    if (decoder) continue;  // it keeps the positions and the mask itself
     if (in.attention_mask.defined()) {
-      in.attention_mask = at::cat({in.attention_mask, at::ones({batch, 1}, at::kLong)}, 1);
+      in.attention_mask = at::cat({in.attention_mask, at::ones({batch, 1}, on.dtype(at::kLong))}, 1);
       in.position_ids = in.position_ids.narrow(1, in.position_ids.size(1) - 1, 1) + 1;
     }
     if (model.recompute_at(prompt + step, in.past_key_values->get_seq_length())) {
@@ -220,10 +258,24 @@ GenerationOutput generate(PretrainedModel& model, const at::Tensor& input_ids, c
       in.input_ids = sequences.narrow(1, 0, prompt + step);
       if (in.attention_mask.defined()) in.position_ids = positions_from_mask(in.attention_mask);
     }
+    if (step == 1 && static_wanted && out.static_refusal.empty()) {
+      const auto positions = in.position_ids.defined() ? in.position_ids : at::full({batch, 1}, prompt, on.dtype(at::kLong));
+      const int64_t capacity = prompt + config.max_new_tokens;
+      decoder = graph_wanted ? make_graph_decoder(model, in.past_key_values, capacity, in.attention_mask, positions)
+                             : std::make_unique<StaticDecoder>(model, in.past_key_values, capacity, in.attention_mask,
+                                                               positions);
+      out.static_cache = true;
+      out.cuda_graph = graph_wanted;
+    }
+  }
+  if (decoder && !decoder->refusal().empty()) {
+    out.cuda_graph = false;
+    out.static_refusal = decoder->refusal();
   }
   out.new_tokens = step;
   out.decode_seconds = step > 1 ? seconds_since(start) - out.prefill_seconds : 0;
-  out.sequences = sequences.narrow(1, 0, prompt + step).contiguous();
+  out.sequences = sequences.narrow(1, 0, prompt + step).cpu().contiguous();
+  for (auto& logits : out.logits) logits = logits.cpu();
   return out;
 }
 

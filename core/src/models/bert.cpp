@@ -70,7 +70,7 @@ int64_t checked_heads(const ModelConfig& config) {
 // token_type_ids checked against input_ids and the number of segment types; zeros when not given.
 at::Tensor token_types(const ModelInputs& in, int64_t type_vocab_size) {
   const auto& ids = in.input_ids;
-  if (!in.token_type_ids.defined()) return at::zeros(ids.sizes(), at::kLong);
+  if (!in.token_type_ids.defined()) return at::zeros(ids.sizes(), ids.options().dtype(at::kLong));
   const auto& types = in.token_type_ids;
   if (types.sizes() != ids.sizes()) {
     throw InputError(fmt::format("token_type_ids: shape {} does not match input_ids {}", fmt::join(types.sizes(), "x"),
@@ -89,7 +89,7 @@ at::Tensor token_types(const ModelInputs& in, int64_t type_vocab_size) {
 }
 
 // The encoder's padding mask for cross-attention, checked against its states.
-at::Tensor encoder_mask(const ModelInputs& in, c10::ScalarType dtype) {
+at::Tensor encoder_mask(const ModelInputs& in, at::TensorOptions dtype) {
   const auto& states = in.encoder_hidden_states;
   const auto& mask = in.encoder_attention_mask;
   if (!mask.defined()) return {};
@@ -286,11 +286,13 @@ ModelOutput BertModel::forward_impl(const ModelInputs& in) {
   const int64_t batch = in.input_ids.size(0), len = in.input_ids.size(1);
   const auto types = token_types(in, b.type_vocab_size);
   const auto positions = in.position_ids.defined() ? in.position_ids.to(at::kLong)
-                                                   : at::arange(len, at::kLong).unsqueeze(0).expand({batch, len});
+                                                   : at::arange(len, in.input_ids.options().dtype(at::kLong))
+                                                         .unsqueeze(0)
+                                                         .expand({batch, len});
   check_positions(positions, d, /*rotary=*/false);
 
   auto h = embeddings->forward(in.input_ids.to(at::kLong), types, positions);  // [B, T, H]
-  const auto dtype = h.scalar_type();
+  const auto dtype = h.options();
   BertAttentionInputs attn;
   // An encoder sees every real token; a decoder only the ones before it.
   attn.mask = b.is_decoder ? nn::causal_mask(in.attention_mask, batch, len, 0, dtype)
@@ -306,7 +308,7 @@ ModelOutput BertModel::forward_impl(const ModelInputs& in) {
       throw InputError(fmt::format("encoder_hidden_states: expected [{}, tokens, {}], got {}", batch, d.hidden_size,
                                    fmt::join(states.sizes(), "x")));
     }
-    attn.encoder_hidden_states = states.to(dtype);
+    attn.encoder_hidden_states = states.to(h.scalar_type());
     attn.encoder_mask = encoder_mask(in, dtype);
   } else if (in.encoder_attention_mask.defined()) {
     throw InputError("encoder_attention_mask: given without encoder_hidden_states");

@@ -22,7 +22,16 @@ const std::string& layer_type(const DecoderConfig& config, int64_t i) {
 }
 }  // namespace
 
+namespace {
+thread_local int device_made_inputs = 0;
+}  // namespace
+
+DeviceMadeInputs::DeviceMadeInputs() { ++device_made_inputs; }
+DeviceMadeInputs::~DeviceMadeInputs() { --device_made_inputs; }
+bool DeviceMadeInputs::active() { return device_made_inputs > 0; }
+
 void validate_decoder_inputs(const ModelInputs& in, int64_t vocab_size, int64_t past_len) {
+  const bool read_values = !DeviceMadeInputs::active();
   const auto& ids = in.input_ids;
   if (!ids.defined()) throw InputError("input_ids: required");
   if (ids.dim() != 2) throw InputError(fmt::format("input_ids: expected [batch, seq] (2 dims), got {} dims", ids.dim()));
@@ -30,8 +39,8 @@ void validate_decoder_inputs(const ModelInputs& in, int64_t vocab_size, int64_t 
     throw InputError(fmt::format("input_ids: expected an integer tensor, got {}", c10::toString(ids.scalar_type())));
   }
   if (ids.size(0) == 0 || ids.size(1) == 0) throw InputError("input_ids: empty batch or sequence");
-  const auto bad = ((ids < 0).logical_or(ids >= vocab_size)).nonzero();
-  if (bad.size(0) > 0) {
+  const auto bad = read_values ? ((ids < 0).logical_or(ids >= vocab_size)).nonzero() : at::Tensor();
+  if (read_values && bad.size(0) > 0) {
     const auto b = bad[0][0].item<int64_t>(), t = bad[0][1].item<int64_t>();
     throw InputError(fmt::format("input_ids: token id {} at [{}, {}] is out of range for vocab_size {}",
                                  ids[b][t].item<int64_t>(), b, t, vocab_size));
@@ -50,11 +59,12 @@ void validate_decoder_inputs(const ModelInputs& in, int64_t vocab_size, int64_t 
       throw InputError(fmt::format("position_ids: shape {} does not match input_ids {}",
                                    fmt::join(in.position_ids.sizes(), "x"), fmt::join(ids.sizes(), "x")));
     }
-    if ((in.position_ids < 0).any().item<bool>()) throw InputError("position_ids: negative position");
+    if (read_values && (in.position_ids < 0).any().item<bool>()) throw InputError("position_ids: negative position");
   }
 }
 
 void check_positions(const at::Tensor& position_ids, const DecoderConfig& config, bool rotary) {
+  if (DeviceMadeInputs::active()) return;
   const int64_t longest = position_ids.max().item<int64_t>() + 1;
   const int64_t limit = rotary ? config.max_positions() : config.max_position_embeddings;
   if (longest > limit) {
@@ -92,7 +102,9 @@ ModelOutput DecoderModel::forward_impl(const ModelInputs& in) {
 
   auto h = embed(in.input_ids.to(at::kLong));  // [B, T, H]
   auto position_ids = in.position_ids.defined() ? in.position_ids.to(at::kLong)
-                                                : at::arange(past, past + len, at::kLong).unsqueeze(0).expand({batch, len});
+                                                : at::arange(past, past + len, h.options().dtype(at::kLong))
+                                                      .unsqueeze(0)
+                                                      .expand({batch, len});
   check_positions(position_ids, d);
   AttentionInputs attn;
   std::tie(attn.cos, attn.sin) = rotary_emb.forward(position_ids, h.scalar_type());
@@ -109,7 +121,7 @@ ModelOutput DecoderModel::forward_impl(const ModelInputs& in) {
     if (masks.count(type)) continue;
     const MaskSizes kv = cache ? cache->get_mask_sizes(len, i) : MaskSizes{len, 0};
     const auto window = type == kSlidingAttention ? d.sliding_window : std::nullopt;
-    masks[type] = nn::attention_mask(in.attention_mask, nn::MaskLayout{batch, len, past, kv, window}, h.scalar_type());
+    masks[type] = nn::attention_mask(in.attention_mask, nn::MaskLayout{batch, len, past, kv, window}, h.options());
   }
 
   ModelOutput out;

@@ -33,6 +33,12 @@ Family family() {
         {"intermediate_size", 2048}, {"num_hidden_layers", 12}, {"num_attention_heads", 12},
         {"num_key_value_heads", 4}, {"max_position_embeddings", 2048}, {"rms_norm_eps", 1e-5},
         {"rope_theta", 10000.0}}},
+      // Llama-3-8B's shapes with random weights: the GPU benchmark (16 GB in bfloat16).
+      {"llama3-8b",
+       {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", 128256}, {"hidden_size", 4096},
+        {"intermediate_size", 14336}, {"num_hidden_layers", 32}, {"num_attention_heads", 32},
+        {"num_key_value_heads", 8}, {"max_position_embeddings", 8192}, {"rms_norm_eps", 1e-5},
+        {"rope_theta", 500000.0}, {"bos_token_id", 128000}, {"eos_token_id", 128001}}},
   };
   return family;
 }

@@ -21,7 +21,40 @@ std::vector<PatchPoint> PretrainedModel::patch_points() const {
   return points;
 }
 
-ModelOutput PretrainedModel::forward(const ModelInputs& inputs) {
+c10::Device PretrainedModel::device() const {
+  for (const auto& p : parameters(/*recurse=*/true)) return p.device();
+  return c10::Device(c10::kCPU);
+}
+
+namespace {
+void move_to(at::Tensor& t, c10::Device device) {
+  if (t.defined() && t.device() != device) t = t.to(device);
+}
+}  // namespace
+
+ModelOutput on_host(ModelOutput out) {
+  const c10::Device cpu(c10::kCPU);
+  for (auto* t : {&out.logits, &out.last_hidden_state, &out.pooler_output, &out.loss, &out.aux_loss}) move_to(*t, cpu);
+  for (auto& t : out.hidden_states) move_to(t, cpu);
+  for (auto& [name, tensors] : out.captured) {
+    for (auto& t : tensors) move_to(t, cpu);
+  }
+  return out;
+}
+
+ModelOutput PretrainedModel::forward(const ModelInputs& given) {
+  // Inputs come from the host (files, tokenizers) or from the model's own device (generation).
+  const auto device = this->device();
+  ModelInputs moved;
+  const bool move = !device.is_cpu();
+  if (move) {
+    moved = given;
+    for (auto* t : {&moved.input_ids, &moved.attention_mask, &moved.position_ids, &moved.token_type_ids,
+                    &moved.encoder_hidden_states, &moved.encoder_attention_mask, &moved.labels}) {
+      move_to(*t, device);
+    }
+  }
+  const ModelInputs& inputs = move ? moved : given;
   auto names = inputs.outputs;
   required_outputs(inputs, names);
   if (names.empty()) {

@@ -57,7 +57,9 @@ ReplayMoeRouting::ReplayMoeRouting(const PretrainedModel& model, const std::vect
     routers_.push_back(replayable);
   }
   keep_alive_ = routers;
-  for (size_t i = 0; i < routers_.size(); ++i) routers_[i]->force_routes(per_layer[i].to(at::kLong));
+  // Routes read from a file are on the host; the routers use them where the model runs.
+  const auto device = model.device();
+  for (size_t i = 0; i < routers_.size(); ++i) routers_[i]->force_routes(per_layer[i].to(device, at::kLong));
 }
 
 ReplayMoeRouting::~ReplayMoeRouting() {
@@ -118,7 +120,7 @@ void save_npy(const std::filesystem::path& path, const at::Tensor& tensor) {
     throw InputError(fmt::format("{}: cannot write {} to .npy (int32, int64, float32, float64)", path.string(),
                                  c10::toString(tensor.scalar_type())));
   }
-  const auto data = tensor.contiguous();
+  const auto data = tensor.cpu().contiguous();  // routes recorded on a GPU are written from the host
   // As numpy writes it: (3,) for one dimension, (3, 4) otherwise, () for a scalar.
   std::string shape = fmt::format("{}", fmt::join(data.sizes(), ", "));
   if (data.dim() == 1) shape += ",";

@@ -24,12 +24,13 @@ std::atomic<PrefillAttention> chosen_prefill_attention{kHaveFusedAttention ? Pre
                                                                     : PrefillAttention::kEager};
 
 // The fused kernel computes what the eager path does, except that it neither returns the weights nor
-// soft-caps, and in half precision it keeps the probabilities in float32 where eager rounds them.
+// soft-caps, and in half precision it keeps the probabilities in float32 where eager rounds them: on
+// the CPU it runs for float32 only, on CUDA (flash and memory-efficient kernels) for every float type.
 bool fused_attention_applies(const at::Tensor& q, const at::Tensor& mask, const at::Tensor* weights_out,
                              const std::optional<double>& softcap) {
   return kHaveFusedAttention && chosen_prefill_attention.load(std::memory_order_relaxed) == PrefillAttention::kFused &&
-         !weights_out && !softcap && q.scalar_type() == at::kFloat &&
-         (!mask.defined() || mask.scalar_type() == at::kFloat);
+         !weights_out && !softcap && (q.scalar_type() == at::kFloat || q.is_cuda()) &&
+         (!mask.defined() || mask.scalar_type() == q.scalar_type());
 }
 
 at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,

@@ -177,7 +177,7 @@ at::Tensor grouped_experts(const at::Tensor& hidden, const at::Tensor& indices, 
   // Token-expert pairs sorted by expert (stable: tokens stay in order within an expert), so each
   // chosen expert reads one contiguous slice of gathered tokens; the range's pairs are one run of them.
   const auto flat = indices.reshape({-1});
-  const auto counts = at::bincount(flat, {}, num_experts).contiguous();  // fails on a negative id
+  const auto counts = at::bincount(flat, {}, num_experts).cpu().contiguous();  // fails on a negative id
   if (counts.size(0) > num_experts) {
     throw InputError(fmt::format("expert id {} is out of range for {} experts", counts.size(0) - 1, num_experts));
   }

@@ -16,6 +16,7 @@
 
 #include "torchpatch/error.h"
 #include "nn/quant_block.h"
+#include "nn/quant_device.h"
 
 namespace torchpatch::nn {
 
@@ -113,6 +114,8 @@ at::Tensor quantize(QuantFormat format, const at::Tensor& weight, const std::str
                                  "not {} {}",
                                  name, c10::toString(weight.scalar_type()), fmt::join(weight.sizes(), "x")));
   }
+  // GGUF's reference quantizer runs on the host: blocks of a device tensor are the same bytes.
+  if (!weight.is_cpu()) return quantize(format, weight.cpu(), name).to(weight.device());
   const int64_t in = weight.size(-1);
   const int64_t blocks = checked_blocks_per_row(in, name, format);
   const at::Tensor x = weight.to(at::kFloat).contiguous();
@@ -155,6 +158,7 @@ at::Tensor dequantize(QuantFormat format, const at::Tensor& blocks, const std::s
                                  format_name(format), bytes, c10::toString(blocks.scalar_type()),
                                  fmt::join(blocks.sizes(), "x")));
   }
+  if (blocks.is_cuda()) return cuda_dequantize(format, blocks, name);
   const at::Tensor q = blocks.contiguous();
   const int64_t per_row = q.size(-1) / bytes;
   const int64_t rows = q.numel() / q.size(-1);

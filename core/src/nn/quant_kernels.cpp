@@ -42,6 +42,7 @@
 #include "base/parallel.h"
 #include "base/x86_intrinsics.h"
 #include "nn/quant_block.h"
+#include "nn/quant_device.h"
 
 namespace torchpatch::nn {
 
@@ -812,6 +813,13 @@ bool quant_kernel_available(QuantKernel kernel) {
 
 at::Tensor quant_linear(QuantFormat format, const at::Tensor& x, const at::Tensor& blocks, int64_t out_features,
                         const at::Tensor& bias, QuantLayout layout) {
+  if (x.is_cuda() || blocks.is_cuda()) {
+    if (layout != QuantLayout::kBlocks) {
+      throw InputError(fmt::format("{} linear on CUDA reads GGUF's blocks (QuantLayout::kBlocks), not kRows16",
+                                   format_name(format)));
+    }
+    return cuda_quant_linear(format, x, blocks, out_features, bias);
+  }
   check_operands(format, x, blocks, out_features, bias);
   const int64_t in = x.size(-1);
   const int64_t tokens = x.numel() / in;

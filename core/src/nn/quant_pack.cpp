@@ -83,7 +83,15 @@ at::Tensor convert(QuantFormat format, bool pack, const at::Tensor& from, const 
 
 }  // namespace block
 
+namespace {
+thread_local int gguf_blocks_only = 0;
+}  // namespace
+
+GgufBlocksOnly::GgufBlocksOnly() { ++gguf_blocks_only; }
+GgufBlocksOnly::~GgufBlocksOnly() { --gguf_blocks_only; }
+
 QuantLayout preferred_quant_layout() {
+  if (gguf_blocks_only > 0) return QuantLayout::kBlocks;
   return quant_kernel_available(QuantKernel::kAvx512) ? QuantLayout::kRows16 : QuantLayout::kBlocks;
 }
 

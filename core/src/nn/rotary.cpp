@@ -152,6 +152,16 @@ RopeFrequencies RotaryEmbedding::dynamic_update(int64_t seq_len) {
   return freq_;
 }
 
+at::Tensor RotaryEmbedding::inv_freq_on(const at::Tensor& inv_freq, c10::Device device) {
+  if (inv_freq.device() == device) return inv_freq;
+  std::lock_guard<std::mutex> lock(*dynamic_mutex_);
+  if (!device_inv_freq_.defined() || !device_source_.is_same(inv_freq) || device_inv_freq_.device() != device) {
+    device_inv_freq_ = inv_freq.to(device);
+    device_source_ = inv_freq;
+  }
+  return device_inv_freq_;
+}
+
 std::pair<at::Tensor, at::Tensor> RotaryEmbedding::forward(const at::Tensor& position_ids, c10::ScalarType dtype) {
   RopeFrequencies freq = freq_;
   if (options_.rope.kind == RopeKind::kDynamic) freq = dynamic_update(position_ids.max().item<int64_t>() + 1);
@@ -159,7 +169,8 @@ std::pair<at::Tensor, at::Tensor> RotaryEmbedding::forward(const at::Tensor& pos
     freq = long_;
   }
   // freqs [B, Q, rot/2] = position * inv_freq, in float32 (a product, as the original's matmul with K=1)
-  auto freqs = position_ids.to(at::kFloat).unsqueeze(-1) * freq.inv_freq.unsqueeze(0).unsqueeze(0);
+  const auto inv_freq = inv_freq_on(freq.inv_freq, position_ids.device());
+  auto freqs = position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq.unsqueeze(0).unsqueeze(0);
   auto emb = at::cat({freqs, freqs}, -1);
   auto cos = emb.cos();
   auto sin = emb.sin();

@@ -144,7 +144,7 @@ std::shared_ptr<PatchableModule> build_module(const std::string& key, const char
     throw PatchError(fmt::format("patch point '{}' at {}: factory of '{}' returned null", key, ctx.path,
                                  cls->name));
   }
-  PatchRecord record{key, cls->name, rule, cls->origin, ctx.path};
+  PatchRecord record{key, cls->name, rule, cls->origin, ctx.path, "", cls->devices};
   if (scope) record.passed_over = scope->mapping.passed_over(key, ctx.path, kind);
   module->set_patch_record(std::move(record));
   return module;

@@ -1,5 +1,7 @@
 #include "torchpatch/patching/module_class.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join
 
@@ -72,6 +74,16 @@ ModuleClass with_paths(ModuleClass cls, std::vector<std::string> include, std::v
 ModuleClass with_kind(ModuleClass cls, std::string kind) {
   cls.kind = std::move(kind);
   return cls;
+}
+
+ModuleClass with_devices(ModuleClass cls, DeviceTypes devices) {
+  cls.devices = std::move(devices);
+  return cls;
+}
+
+bool runs_on(const DeviceTypes& devices, bool builtin, c10::DeviceType type) {
+  if (devices.empty()) return builtin || type == c10::kCPU;
+  return std::find(devices.begin(), devices.end(), type) != devices.end();
 }
 
 }  // namespace torchpatch

@@ -38,7 +38,7 @@ at::Tensor Attention::forward(const at::Tensor& hidden, const AttentionInputs& i
     out = forward_impl(hidden, with_weights);
     report_outputs(*this, {out, weights});
   }
-  if (inputs.cache) {
+  if (inputs.cache && !inputs.cache->is_static(inputs.layer_idx)) {
     const int64_t expected = cached + hidden.size(1);
     const int64_t held = inputs.cache->get_seq_length(inputs.layer_idx);
     if (held != expected) {

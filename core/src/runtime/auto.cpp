@@ -12,8 +12,10 @@
 
 #include "torchpatch/checkpoint/load.h"
 #include "torchpatch/dist/process_group.h"
+#include "torchpatch/device.h"
 #include "torchpatch/error.h"
 #include "torchpatch/nn/linear.h"
+#include "torchpatch/nn/quant.h"
 #include "torchpatch/patching/scope.h"
 #include "torchpatch/models/family.h"
 
@@ -90,6 +92,26 @@ std::string format_bytes(double bytes) {
   return fmt::format("{:.3g} MB", bytes / 1e6);
 }
 
+double physical_memory() {
+  return static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+}
+
+// A preset's random weights are drawn in float32 on the host before dtype and device apply, so its
+// parameters, counted exactly once built (untouched, under SkipInit), must fit the host's memory as
+// float32: the lower bound checked before building leaves out what a model adds beyond it.
+void check_preset_memory(const PretrainedModel& model, const PretrainedOptions& options, const std::string& source) {
+  if (!options.check_memory) return;
+  double parameters = 0;
+  for (const auto& p : model.parameters()) parameters += static_cast<double>(p.numel());
+  const double memory = physical_memory();
+  if (memory > 0 && parameters * 4 > memory) {
+    throw ConfigError(fmt::format("{}: its {:.4g} parameters need {} as float32 while their random weights are drawn "
+                                  "(before --dtype and --device apply), more than this machine's {} of memory "
+                                  "(--no-memory-check / PretrainedOptions::check_memory = false builds it anyway)",
+                                  source, parameters, format_bytes(parameters * 4), format_bytes(memory)));
+  }
+}
+
 // Before anything is allocated: the parameters a config implies must fit the machine's memory and,
 // loading strictly, the checkpoint that is to fill them.
 void check_model_size(const ModelConfig& config, const checkpoint::Checkpoint* weights, const PretrainedOptions& options,
@@ -114,7 +136,7 @@ void check_model_size(const ModelConfig& config, const checkpoint::Checkpoint* w
   }
   if (!options.check_memory) return;
   const double element = static_cast<double>(c10::elementSize(options.dtype.value_or(at::kFloat)));
-  const double memory = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  const double memory = physical_memory();
   if (memory > 0 && parameters * element > memory) {
     throw ConfigError(fmt::format("{}: a model of at least {:.4g} parameters needs {} as {}, more than this "
                                   "machine's {} of memory; most of them are {} (checked before building anything; "
@@ -127,8 +149,41 @@ void check_model_size(const ModelConfig& config, const checkpoint::Checkpoint* w
 
 }  // namespace
 
+void check_device_support(const PretrainedModel& model, c10::Device device) {
+  std::vector<std::string> refused;
+  size_t count = 0;
+  for (const auto& point : model.patch_points()) {
+    const auto& record = point.module->patch_record();
+    if (runs_on(record.devices, record.origin.builtin(), device.type())) continue;
+    if (++count <= 4) refused.push_back(fmt::format("{} ({}, {})", point.path, record.class_name, record.origin.describe()));
+  }
+  if (refused.empty()) return;
+  throw DeviceError(fmt::format(
+      "{} cannot run on {}: {}{} run on the CPU only. A plugin's class runs on the CPU unless it declares its "
+      "devices (ModuleClass::devices, docs/cuda.md); use --device cpu, or leave the patch out",
+      model.class_name(), device.str(), fmt::join(refused, "; "),
+      count > refused.size() ? fmt::format(" and {} more modules", count - refused.size()) : ""));
+}
+
+namespace {
+// The model in the options' dtype on the options' device, in one pass (no float32 copy on the device).
+void place(PretrainedModel& model, const PretrainedOptions& options) {
+  check_device_support(model, options.device);
+  if (!options.device.is_cpu()) {
+    if (options.dtype) {
+      model.to(options.device, *options.dtype);
+    } else {
+      model.to(options.device);
+    }
+  } else if (options.dtype) {
+    model.to(*options.dtype);
+  }
+}
+}  // namespace
+
 std::shared_ptr<PretrainedModel> from_pretrained(const std::filesystem::path& dir, const PretrainedOptions& options,
                                                  checkpoint::LoadReport* report) {
+  check_device(options.device);
   const auto& registries = options.registries;
   // Config and weights through one directory handle: its shared lock keeps a save from switching its
   // files in between the two. The weights are memory-mapped, so the handle goes before the build.
@@ -143,12 +198,14 @@ std::shared_ptr<PretrainedModel> from_pretrained(const std::filesystem::path& di
   const auto weights = handle ? checkpoint::Checkpoint::open(*handle) : checkpoint::Checkpoint::open(dir.parent_path());
   handle.reset();
   check_model_size(config, &weights, options, config_path.string());
+  std::optional<nn::GgufBlocksOnly> gpu_layout;  // quantized weights built and loaded as a GPU reads them
+  if (!options.device.is_cpu()) gpu_layout.emplace();
   std::shared_ptr<PretrainedModel> model;
   {
     nn::SkipInit skip;  // the checkpoint provides the values (the report says what it did not)
     model = from_config(config, registries);
   }
-  if (options.dtype) model->to(*options.dtype);
+  place(*model, options);
   auto result = checkpoint::load_weights(
       *model, weights, checkpoint::LoadOptions{options.strict, &registries.conversions(), options.reject_non_finite,
                                                options.copy_weights, options.progress});
@@ -193,6 +250,7 @@ std::shared_ptr<PretrainedModel> reloaded_preset(const std::string& name, uint64
   auto float_options = options;
   float_options.config_overrides.erase("quantization_config");
   float_options.dtype.reset();
+  float_options.device = c10::Device(c10::kCPU);
   std::optional<dist::ActiveGroup> whole;  // the float preset unsharded, saved in the hub layout
   if (dist::active_group()) whole.emplace(nullptr);
   const auto dir = std::filesystem::temp_directory_path() /
@@ -213,13 +271,19 @@ std::shared_ptr<PretrainedModel> reloaded_preset(const std::string& name, uint64
 }  // namespace
 
 std::shared_ptr<PretrainedModel> preset_model(const std::string& name, uint64_t seed, const PretrainedOptions& options) {
+  check_device(options.device);
   const auto& registries = options.registries;
   auto config = with_overrides(preset_config(name, registries), options.config_overrides, "preset " + name, registries);
   check_model_size(config, nullptr, options, "preset " + name);
   if (quantization_config(config) || dist::active_group()) return reloaded_preset(name, seed, options);
-  auto model = from_config(config, registries);
+  std::shared_ptr<PretrainedModel> model;
+  {
+    nn::SkipInit untouched;  // init_random_weights writes every parameter
+    model = from_config(config, registries);
+  }
+  check_preset_memory(*model, options, "preset " + name);
   init_random_weights(*model, seed);
-  if (options.dtype) model->to(*options.dtype);
+  place(*model, options);
   return model;
 }
 

@@ -7,7 +7,7 @@
 #include "torchpatch/version.h"
 
 /// Bumped whenever a type that crosses the plugin boundary changes (roles, ModuleClass, Registrar).
-#define TORCHPATCH_PLUGIN_ABI_VERSION 1
+#define TORCHPATCH_PLUGIN_ABI_VERSION 2  // 2: ModuleClass::devices
 
 /// Exported names of the two entry points.
 #define TORCHPATCH_DESCRIPTOR_SYMBOL "torchpatch_plugin_descriptor"

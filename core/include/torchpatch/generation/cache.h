@@ -24,6 +24,7 @@ using nn::MaskSizes;
 /// One layer's cache. Keys/values are [B, nKV, S, hd], after RoPE and before heads are repeated.
 class TORCHPATCH_API CacheLayer {
  public:
+  friend class StaticLayer;
   virtual ~CacheLayer();
 
   /// Appends k/v [B, nKV, S_new, hd] and returns the keys/values to attend over (views of the storage).
@@ -36,6 +37,8 @@ class TORCHPATCH_API CacheLayer {
   virtual std::optional<int64_t> sliding_window() const { return std::nullopt; }
   /// Drops tokens past `max_length` (negative: counts from the end).
   virtual void crop(int64_t max_length) = 0;
+  /// Whether it keeps a fixed number of slots (StaticLayer).
+  virtual bool is_static() const { return false; }
 
   /// Keeps batch rows `indices` (int64 [B']), in that order: beam reordering, filtering, repeating.
   void select_batch(const at::Tensor& indices);
@@ -82,6 +85,27 @@ class TORCHPATCH_API SlidingWindowLayer : public CacheLayer {
   int64_t seen_ = 0;  ///< all tokens ever appended; the stored ones are the last min(seen_, window-1)
 };
 
+/// A fixed number of slots, each update of one token written at the slot the device-side index
+/// `write_at` (int64 [1]) holds: the form a CUDA graph can replay, since neither a size nor a host
+/// value changes from one step to the next. update returns every slot; which ones hold tokens is the
+/// attention mask's business, so a query is taken to stand after all of them: seq_length is
+/// capacity - 1 and mask_sizes spans the capacity.
+class TORCHPATCH_API StaticLayer : public CacheLayer {
+ public:
+  /// Takes over what `layer` stored (its first `stored` slots), in `capacity` slots.
+  StaticLayer(CacheLayer& layer, int64_t capacity, at::Tensor write_at);
+  std::pair<at::Tensor, at::Tensor> update(const at::Tensor& keys, const at::Tensor& values) override;
+  int64_t seq_length() const override { return capacity_ - 1; }
+  MaskSizes mask_sizes(int64_t q_len) const override { return {capacity_, 0}; }
+  /// Throws: slots are freed by the caller's mask, not by cropping.
+  void crop(int64_t max_length) override;
+  bool is_static() const override { return true; }
+
+ private:
+  int64_t capacity_;
+  at::Tensor write_at_;
+};
+
 /// A cache for every layer of a model. Built from a config it holds one layer per `layer_types`
 /// entry; built empty it adds full layers as layers first update it.
 class TORCHPATCH_API DynamicCache : public AttentionCache {
@@ -93,6 +117,9 @@ class TORCHPATCH_API DynamicCache : public AttentionCache {
   std::pair<at::Tensor, at::Tensor> update(const at::Tensor& keys, const at::Tensor& values, int64_t layer_idx) override;
   /// Tokens seen by layer `layer_idx` (0 for a layer not yet used).
   int64_t get_seq_length(int64_t layer_idx = 0) const override;
+  bool is_static(int64_t layer_idx) const override {
+    return layer_idx >= 0 && layer_idx < static_cast<int64_t>(layers_.size()) && layers_[layer_idx]->is_static();
+  }
   MaskSizes get_mask_sizes(int64_t q_len, int64_t layer_idx) const;
 
   void crop(int64_t max_length);
@@ -101,6 +128,9 @@ class TORCHPATCH_API DynamicCache : public AttentionCache {
   void batch_repeat_interleave(int64_t repeats);
   void reserve(int64_t tokens);
   void reset();
+  /// Turns every layer into a StaticLayer of `capacity` slots written at `write_at` (CUDA graph
+  /// decoding); throws for a sliding-window layer, whose window moves.
+  void make_static(int64_t capacity, const at::Tensor& write_at);
 
   size_t size() const { return layers_.size(); }
   CacheLayer& layer(size_t i) { return *layers_.at(i); }

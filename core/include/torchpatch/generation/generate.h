@@ -42,11 +42,19 @@ struct TORCHPATCH_API GenerationConfig {
   /// replace them in place: a group of processes gives every rank rank 0's choice (a broadcast), so
   /// sampling agrees even where the ranks' random states do not.
   std::function<void(at::Tensor& tokens)> agree_tokens;
+  /// Decode over a static cache of prompt + max_new_tokens slots (Hugging Face's
+  /// cache_implementation="static"): nothing changes shape from one step to the next. Where the model
+  /// cannot (GenerationOutput::static_refusal says why), the dynamic cache decodes.
+  bool static_cache = false;
+  /// On CUDA: decode over a static cache by replaying a CUDA graph of the one-token step, where the
+  /// model allows it; false: one forward pass per step, launched op by op.
+  bool cuda_graph = true;
 };
 
 struct TORCHPATCH_API GenerationOutput {
-  at::Tensor sequences;            ///< [B, prompt + new] int64: the prompt (as given, padding included), then new tokens
-  std::vector<at::Tensor> logits;  ///< per step, [B, V] float (with output_logits)
+  /// [B, prompt + new] int64 on the host: the prompt (as given, padding included), then new tokens
+  at::Tensor sequences;
+  std::vector<at::Tensor> logits;  ///< per step, [B, V] float on the host (with output_logits)
   /// Per step (0 = the prompt), the captured outputs by name (with GenerationConfig::outputs). The
   /// steps run under c10::InferenceMode, so these are inference tensors: clone one before changing
   /// it in place outside InferenceMode.
@@ -55,6 +63,12 @@ struct TORCHPATCH_API GenerationOutput {
   int64_t new_tokens = 0;          ///< tokens generated per row
   double prefill_seconds = 0;      ///< first forward over the prompts, and the first token
   double decode_seconds = 0;       ///< every later token
+  bool static_cache = false;       ///< decoding used a static cache
+  bool cuda_graph = false;         ///< decoding replayed a CUDA graph
+  /// Why the static cache or the CUDA graph that was wanted (static_cache; cuda_graph on CUDA) was
+  /// not used, e.g. "a mixture-of-experts model (its routing reads expert indices on the host)";
+  /// "" when it was, or when neither was wanted.
+  std::string static_refusal;
   double prefill_tokens_per_second() const;
   double decode_tokens_per_second() const;  ///< B * (new_tokens - 1) / decode_seconds
 };

@@ -83,6 +83,18 @@ class TORCHPATCH_API DecoderForCausalLM : public PretrainedModel {
   virtual at::Tensor logits(const at::Tensor& hidden);
 };
 
+/// While one is alive on a thread, the checks below read no values of their tensors (shapes only):
+/// for inputs a caller made on the device itself and knows to be valid (generation's own tokens and
+/// positions), whose values a check would have to wait for, and which a CUDA graph cannot read.
+class TORCHPATCH_API DeviceMadeInputs {
+ public:
+  DeviceMadeInputs();
+  ~DeviceMadeInputs();
+  DeviceMadeInputs(const DeviceMadeInputs&) = delete;
+  DeviceMadeInputs& operator=(const DeviceMadeInputs&) = delete;
+  static bool active();
+};
+
 /// Checks input_ids / attention_mask / position_ids against each other and the vocabulary, with
 /// `past_len` tokens already cached; throws InputError naming the tensor and the fault.
 TORCHPATCH_API void validate_decoder_inputs(const ModelInputs& inputs, int64_t vocab_size, int64_t past_len = 0);

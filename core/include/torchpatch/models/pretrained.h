@@ -61,6 +61,9 @@ struct TORCHPATCH_API ModelOutput {
   at::Tensor aux_loss;  ///< with output_router_logits on a MoE model
 };
 
+/// `out` with every tensor on the host (for files, printing and comparisons).
+TORCHPATCH_API ModelOutput on_host(ModelOutput out);
+
 /// A whole model. It is a PatchableModule so that a model nested in another (BERT's `bert` under a
 /// task head) can be a patch point like any block.
 class TORCHPATCH_API PretrainedModel : public PatchableModule, public checkpoint::Loadable {
@@ -69,12 +72,15 @@ class TORCHPATCH_API PretrainedModel : public PatchableModule, public checkpoint
   PretrainedModel(ModelConfig config, std::string class_name);
   ~PretrainedModel() override;
 
-  /// Runs forward_impl. With `inputs.outputs` (or outputs the model needs itself, such as the router
-  /// logits of the load-balancing loss), inside one CaptureOutputs of this class: `captured` holds
-  /// them. Then `complete` adds what needs the captured outputs (losses).
+  /// Runs forward_impl on the model's device: inputs are moved there, outputs stay there. With
+  /// `inputs.outputs` (or outputs the model needs itself, such as the router logits of the
+  /// load-balancing loss), inside one CaptureOutputs of this class: `captured` holds them. Then
+  /// `complete` adds what needs the captured outputs (losses).
   ModelOutput forward(const ModelInputs& inputs);
 
   const ModelConfig& config() const override { return config_; }
+  /// Where the parameters are (the first one's device; the CPU for a model without parameters).
+  c10::Device device() const;
   /// Hugging Face class name, e.g. "LlamaForCausalLM".
   const std::string& class_name() const override { return class_name_; }
 

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/TensorOptions.h>
 
 namespace torchpatch::nn {
 
@@ -28,17 +29,18 @@ struct TORCHPATCH_API MaskLayout {
 
 /// The mask of one attention call: causal, optionally sliding, AND `padding_mask` [B, past+Q]
 /// (1 = real token) when defined. Undefined when it would mask nothing (one query, no padding, all
-/// keys inside the window), so decoding skips the addition.
+/// keys inside the window), so decoding skips the addition. `options`: the mask's dtype and device
+/// (a dtype alone: the CPU).
 TORCHPATCH_API at::Tensor attention_mask(const at::Tensor& padding_mask, const MaskLayout& layout,
-                                         c10::ScalarType dtype);
+                                         at::TensorOptions options);
 
 /// Causal mask for `q_len` queries at absolute positions past_len .. past_len+q_len-1 over
 /// past_len+q_len keys, combined with `padding_mask` [B, KV] (1 = real token) when defined.
 TORCHPATCH_API at::Tensor causal_mask(const at::Tensor& padding_mask, int64_t batch, int64_t q_len, int64_t past_len,
-                                      c10::ScalarType dtype);
+                                      at::TensorOptions options);
 
 /// Padding-only mask of an encoder (BERT): [B, 1, 1, KV] from `padding_mask` [B, KV] (1 = real
 /// token), every query seeing every real key. Undefined when there is no padding to mask.
-TORCHPATCH_API at::Tensor bidirectional_mask(const at::Tensor& padding_mask, c10::ScalarType dtype);
+TORCHPATCH_API at::Tensor bidirectional_mask(const at::Tensor& padding_mask, at::TensorOptions options);
 
 }  // namespace torchpatch::nn

@@ -39,7 +39,7 @@ TORCHPATCH_API std::optional<QuantFormat> parse_quant_format(const std::string& 
 TORCHPATCH_API at::Tensor quantize(QuantFormat format, const at::Tensor& weight, const std::string& name);
 
 /// The float32 weights [..., in] that `blocks` [..., in / 32 * block_bytes] stand for: d * q (Q8_0),
-/// d * (q - 8) (Q4_0). Refuses, naming `name`, anything but uint8 rows of whole blocks.
+/// d * (q - 8) (Q4_0), on the blocks' device. Refuses, naming `name`, anything but uint8 rows of whole blocks.
 TORCHPATCH_API at::Tensor dequantize(QuantFormat format, const at::Tensor& blocks, const std::string& name);
 
 /// How a weight's blocks lie in memory. Both take the same tensor shape [..., rows, in / 32 *
@@ -58,8 +58,19 @@ enum class QuantLayout {
 // 0x80, the unsigned bytes VNNI multiplies); Q4_0's bytes are GGUF's. A group is as long as its 16
 // rows were, so the tail rows sit where they were.
 
-/// The layout quant_linear reads fastest on this CPU: kRows16 with AVX-512 VNNI, else kBlocks.
+/// The layout quant_linear reads fastest on this CPU: kRows16 with AVX-512 VNNI, else kBlocks; kBlocks
+/// while a GgufBlocksOnly is alive on this thread.
 TORCHPATCH_API QuantLayout preferred_quant_layout();
+
+/// While alive on a thread, preferred_quant_layout() answers kBlocks there: a model built and loaded
+/// for a GPU, whose kernels read GGUF's blocks as they are. (Blocks on a GPU are always kBlocks.)
+class TORCHPATCH_API GgufBlocksOnly {
+ public:
+  GgufBlocksOnly();
+  ~GgufBlocksOnly();
+  GgufBlocksOnly(const GgufBlocksOnly&) = delete;
+  GgufBlocksOnly& operator=(const GgufBlocksOnly&) = delete;
+};
 
 /// `blocks` (kBlocks) [..., rows, whole blocks] rearranged into kRows16; refuses, naming `name`, a tensor
 /// that is not uint8 rows of whole blocks.
@@ -91,6 +102,8 @@ TORCHPATCH_API bool quant_kernel_available(QuantKernel kernel);
 /// threads. The AVX-512 kernel decodes kRows16 16 rows at a time and gathers its prefill tiles from
 /// it; the scalar and AVX2 kernels read an unpacked copy. Only AVX-512 decoding adds in another order
 /// than from kBlocks: every other path gives the same results bit for bit.
+/// On a CUDA device (torchpatch built with CUDA): x float32, bfloat16 or float16, blocks kBlocks on the
+/// same device, the result in x's dtype; activations are not quantized there (nn/quant_device.h).
 TORCHPATCH_API at::Tensor quant_linear(QuantFormat format, const at::Tensor& x, const at::Tensor& blocks,
                                        int64_t out_features, const at::Tensor& bias = {},
                                        QuantLayout layout = QuantLayout::kBlocks);

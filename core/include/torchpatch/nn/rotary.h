@@ -68,7 +68,8 @@ class TORCHPATCH_API RotaryEmbedding {
   RotaryEmbedding() = default;
   explicit RotaryEmbedding(const RopeOptions& options);
 
-  /// position_ids [B, Q] -> (cos, sin), each [B, Q, rot_dim], computed in float32, cast to `dtype`.
+  /// position_ids [B, Q] -> (cos, sin), each [B, Q, rot_dim], computed in float32 on position_ids'
+  /// device, cast to `dtype`.
   std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& position_ids, c10::ScalarType dtype);
 
   const at::Tensor& inv_freq() const { return freq_.inv_freq; }
@@ -77,6 +78,8 @@ class TORCHPATCH_API RotaryEmbedding {
  private:
   /// Grows or resets the dynamic frequencies for `seq_len` positions; returns the ones to use.
   RopeFrequencies dynamic_update(int64_t seq_len);
+  /// `inv_freq` on `device`: copied once and kept (a copy per call would stall a device's stream).
+  at::Tensor inv_freq_on(const at::Tensor& inv_freq, c10::Device device);
 
   RopeOptions options_;
   RopeFrequencies freq_;
@@ -85,6 +88,7 @@ class TORCHPATCH_API RotaryEmbedding {
   int64_t longrope_threshold_ = 0;
   int64_t max_seq_len_cached_ = 0;
   std::shared_ptr<std::mutex> dynamic_mutex_;
+  at::Tensor device_source_, device_inv_freq_;  // the last copy inv_freq_on made, and what it copied
 };
 
 /// x [B, heads, Q, hd] rotated by cos/sin [B, Q, rot_dim] (half-split rotate_half); dimensions past

@@ -46,6 +46,14 @@ struct TORCHPATCH_API BuildContext {
   bool flag(const char* name, bool fallback) const;
 };
 
+/// The device types a module class runs on. Empty: not said, which means every device for a
+/// built-in class (LibTorch's operations, or torchpatch's kernels for each) and the CPU alone for a
+/// plugin's class, whose code the host cannot see.
+using DeviceTypes = std::vector<c10::DeviceType>;
+
+/// Whether a class of `origin` that declared `devices` runs on `type`.
+TORCHPATCH_API bool runs_on(const DeviceTypes& devices, bool builtin, c10::DeviceType type);
+
 /// How the class of a built module was chosen.
 struct TORCHPATCH_API PatchRecord {
   std::string key;          ///< the patch-point key asked for, e.g. "LlamaAttention"
@@ -56,6 +64,8 @@ struct TORCHPATCH_API PatchRecord {
   /// Mapping entries for this key that a module-path filter kept away from here, and why
   /// ("rule 'Linear' (Q8_0Linear) excludes it by 'lm_head'"); "" when none was.
   std::string passed_over = {};
+  /// The class's devices (ModuleClass::devices).
+  DeviceTypes devices = {};
   /// Whether the module was built through a patch point (a model's own `model` part is not).
   bool built() const { return !key.empty(); }
   bool patched() const { return built() && rule != "builtin"; }
@@ -117,7 +127,13 @@ struct TORCHPATCH_API ModuleClass {
   /// In a patch mapping: the module paths the entry applies to; elsewhere the patch point falls back
   /// to the next matching entry, then to the built-in class.
   PathFilter paths = {};
+  /// Where its modules run (see DeviceTypes): a plugin whose class runs on CUDA says so, e.g.
+  /// `with_devices(module_class<Impl>("Name"), {c10::kCPU, c10::kCUDA})`.
+  DeviceTypes devices = {};
 };
+
+/// `cls` declared to run on `devices`.
+TORCHPATCH_API ModuleClass with_devices(ModuleClass cls, DeviceTypes devices);
 
 /// `cls` limited to the module paths `include` admits and `exclude` does not.
 TORCHPATCH_API ModuleClass with_paths(ModuleClass cls, std::vector<std::string> include,

@@ -21,6 +21,9 @@ class TORCHPATCH_API AttentionCache {
                                                    int64_t layer_idx) = 0;
   /// Tokens layer `layer_idx` has seen (0 for a layer not yet used).
   virtual int64_t get_seq_length(int64_t layer_idx = 0) const = 0;
+  /// Whether layer `layer_idx` keeps a fixed number of slots (a static cache: its length does not
+  /// grow as it is updated).
+  virtual bool is_static(int64_t layer_idx) const { return false; }
 };
 
 /// What a decoder layer hands its attention: rotary tables, the mask of its kind of layer (full or

@@ -32,6 +32,10 @@ TORCHPATCH_API std::shared_ptr<PretrainedModel> from_config(const ModelConfig& c
 struct TORCHPATCH_API PretrainedOptions {
   /// Parameters in this dtype (float32, bfloat16, float16); by default as constructed (float32).
   std::optional<c10::ScalarType> dtype;
+  /// Where the model runs: the CPU, or a CUDA GPU (check_device says whether this machine and build
+  /// have it). The model is built on the host without touching its memory, moved to the device in
+  /// its dtype, then the checkpoint's tensors are copied there one by one.
+  c10::Device device = c10::Device(c10::kCPU);
   /// See checkpoint::LoadOptions: non-strict loading leaves what is missing initialised.
   bool strict = true;
   /// config.json fields to set before building, e.g. {"experts_implementation": "eager"}.
@@ -50,6 +54,11 @@ struct TORCHPATCH_API PretrainedOptions {
   checkpoint::Progress progress;
 };
 
+/// Throws DeviceError, naming each module path and class, if a module of `model` cannot run on
+/// `device` (ModuleClass::devices: a plugin's class runs on the CPU unless it says otherwise).
+/// from_pretrained and preset_model check this before moving a model.
+TORCHPATCH_API void check_device_support(const PretrainedModel& model, c10::Device device);
+
 /// `config` with `overrides` written over its config.json fields, parsed again by the families of
 /// `registries` (so they are checked); `config` itself when there are none. `source` names it in messages.
 TORCHPATCH_API ModelConfig with_overrides(const ModelConfig& config, const nlohmann::json& overrides,
@@ -59,7 +68,8 @@ TORCHPATCH_API ModelConfig with_overrides(const ModelConfig& config, const nlohm
 /// Reads `dir/config.json` and the weights (`model.safetensors` or shards with
 /// `model.safetensors.index.json`), builds with the registered patches applied and loads the weights
 /// through the conversion rules. Throws CheckpointError / ConfigError naming the file and the fault.
-/// `report`, when given, receives the loading report.
+/// `report`, when given, receives the loading report. A class that cannot run on `options.device`
+/// is a DeviceError naming it.
 TORCHPATCH_API std::shared_ptr<PretrainedModel> from_pretrained(const std::filesystem::path& dir,
                                                                 const PretrainedOptions& options = {},
                                                                 checkpoint::LoadReport* report = nullptr);

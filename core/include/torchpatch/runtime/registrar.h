@@ -39,10 +39,11 @@ class TORCHPATCH_API Registrar {
   /// plugin already provides is a conflict that refuses the plugin.
   virtual void add_quantization_method(QuantizationMethod method) = 0;
   /// Shorthand, in the same order: the ModuleClass of `Impl` (constructible from a BuildContext)
-  /// named `class_name`, offered for `keys`.
+  /// named `class_name`, offered for `keys`, running on `devices` (empty: the CPU only; a class whose
+  /// forward uses LibTorch's operations alone runs on CUDA too and says {c10::kCPU, c10::kCUDA}).
   template <typename Impl>
-  void add_replacement(std::string class_name, const std::vector<std::string>& keys) {
-    add_replacement(module_class<Impl>(std::move(class_name)), keys);
+  void add_replacement(std::string class_name, const std::vector<std::string>& keys, DeviceTypes devices = {}) {
+    add_replacement(with_devices(module_class<Impl>(std::move(class_name)), std::move(devices)), keys);
   }
 };
 
