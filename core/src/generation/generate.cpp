@@ -125,6 +125,18 @@ std::string static_refusal(const PretrainedModel& model, const GenerationConfig&
   }
   return "";
 }
+
+// After the prefill: the decoder of the steps to come, from the inputs of the first of them.
+std::unique_ptr<StaticDecoder> static_decoder(PretrainedModel& model, const ModelInputs& in, int64_t capacity,
+                                              bool graph) {
+  const auto& ids = in.input_ids;
+  const auto positions = in.position_ids.defined()
+                             ? in.position_ids
+                             : at::full({ids.size(0), 1}, in.past_key_values->get_seq_length(), ids.options());
+  if (graph) return make_graph_decoder(model, in.past_key_values, capacity, in.attention_mask, positions);
+  return std::make_unique<StaticDecoder>(model, in.past_key_values, capacity, in.attention_mask, positions);
+}
+
 }  // namespace
 
 GenerationOutput generate(PretrainedModel& model, const at::Tensor& input_ids, const at::Tensor& attention_mask,
@@ -259,11 +271,7 @@ GenerationOutput generate(PretrainedModel& model, const at::Tensor& input_ids, c
       if (in.attention_mask.defined()) in.position_ids = positions_from_mask(in.attention_mask);
     }
     if (step == 1 && static_wanted && out.static_refusal.empty()) {
-      const auto positions = in.position_ids.defined() ? in.position_ids : at::full({batch, 1}, prompt, on.dtype(at::kLong));
-      const int64_t capacity = prompt + config.max_new_tokens;
-      decoder = graph_wanted ? make_graph_decoder(model, in.past_key_values, capacity, in.attention_mask, positions)
-                             : std::make_unique<StaticDecoder>(model, in.past_key_values, capacity, in.attention_mask,
-                                                               positions);
+      decoder = static_decoder(model, in, prompt + config.max_new_tokens, graph_wanted);
       out.static_cache = true;
       out.cuda_graph = graph_wanted;
     }
