@@ -19,8 +19,8 @@
 #   libsleef.so.3      the library core/CMakeLists.txt links (no Sleef header is needed)
 #
 # Layout: build/gpu-deps/usr is a CMake prefix (include/, lib/..., share/cmake/); the Gloo headers sit
-# apart in build/gpu-deps/gloo/include, since they go on every compile line (-I) and must not bring
-# {fmt} 9 ahead of LibTorch's own {fmt} where torchpatch does not ask for it. No symbolic links (a
+# apart in build/gpu-deps/gloo/include (given as GLOO_INCLUDE_DIR), so that their folder does not
+# bring {fmt} 9 ahead of LibTorch's own {fmt} where torchpatch does not ask for it. No symbolic links (a
 # carried tree may not keep them): each shared library is one file named by its soname.
 #
 # Idempotent: downloads are cached in build/_deps/gpu-debs and build/gpu-deps is rebuilt whole.
