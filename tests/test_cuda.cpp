@@ -366,5 +366,10 @@ TEST_CASE("the CLI runs, generates and benchmarks on CUDA in bfloat16", "[cuda][
                                               "--prompt-len 16 --decode-tokens 8 --json --no-fused");
   INFO(bench.out);
   CHECK(bench.code == 0);
-  CHECK_THAT(bench.out, Contains("\"device\": \"cuda:0\"") && Contains("no CUDA graph") && Contains("quantized q4_0"));
+  CHECK_THAT(bench.out, Contains("\"device\": \"cuda") && Contains("no CUDA graph") && Contains("quantized q4_0"));
+  // --tp splits a model over processes whose collectives run on the CPU.
+  const auto split = testutil::torchpatch_cli("run --tp 2 --preset tiny-llama --prompt-ids 1,2 --device cuda");
+  INFO(split.out);
+  CHECK(split.code == 1);
+  CHECK_THAT(split.out, Contains("split over processes") && Contains("--device cpu"));
 }

@@ -187,7 +187,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
   const auto out = generate(*built.model, inputs.input_ids, inputs.attention_mask, config);
   if (!out.static_refusal.empty() && !args.flag("quiet") && !args.flag("json")) {
     std::cerr << "torchpatch: note: decoding on " << built.model->device().str() << " without "
-              << (out.static_cache ? "a CUDA graph" : built.model->device().is_cuda() && config.cuda_graph ? "a static cache and CUDA graph" : "a static cache")
+              << (built.model->device().is_cuda() && config.cuda_graph ? "a static cache and CUDA graph" : "a static cache")
               << ": " << out.static_refusal << "\n";
   }
   if (progress_shown) std::cerr << "\n";

@@ -182,7 +182,10 @@ void move_blocks(QuantFormat format, torch::nn::Module& module, torchpatch::nn::
   using torch::nn::Module::to;                                                                          \
   void to(torch::Dtype dtype, bool non_blocking = false) override { convert_float_parts(dtype, non_blocking); } \
   void to(torch::Device device, bool non_blocking = false) override {                                  \
-    if (device != weight_device()) move_blocks(kFormat, *this, layout_, device);                        \
+    const auto here = weight_device();                                                                 \
+    if (device.type() != here.type() || (device.has_index() && device.index() != here.index())) {      \
+      move_blocks(kFormat, *this, layout_, device);                                                     \
+    }                                                                                                   \
   }                                                                                                     \
   void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override {              \
     to(device, non_blocking);                                                                           \

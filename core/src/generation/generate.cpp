@@ -276,10 +276,6 @@ GenerationOutput generate(PretrainedModel& model, const at::Tensor& input_ids, c
       out.cuda_graph = graph_wanted;
     }
   }
-  if (decoder && !decoder->refusal().empty()) {
-    out.cuda_graph = false;
-    out.static_refusal = decoder->refusal();
-  }
   out.new_tokens = step;
   out.decode_seconds = step > 1 ? seconds_since(start) - out.prefill_seconds : 0;
   out.sequences = sequences.narrow(1, 0, prompt + step).cpu().contiguous();

@@ -33,8 +33,6 @@ class StaticDecoder {
 
   /// Logits [B, 1, V] of the step whose input tokens are `ids` [B, 1] (on the model's device).
   virtual at::Tensor step(const at::Tensor& ids);
-  /// Why a CUDA graph is not replayed after all ("" when it is, or was never asked for).
-  virtual const std::string& refusal() const { return refusal_; }
 
  protected:
   /// One step over the buffers as they are, operation by operation.
@@ -45,13 +43,13 @@ class StaticDecoder {
   PretrainedModel& model_;
   std::shared_ptr<DynamicCache> cache_;
   at::Tensor ids_, positions_, mask_, write_at_;
-  std::string refusal_;
   int64_t steps_ = 0;
 };
 
 #if defined(TORCHPATCH_WITH_CUDA)
 /// A StaticDecoder whose first step runs eagerly (it makes cuBLAS's handles, the rotary table's copy
-/// and SDPA's choices), whose second is captured in a CUDA graph, and whose later steps replay it.
+/// and SDPA's choices), whose second is captured in a CUDA graph, and whose later steps replay it. A
+/// step that cannot be captured (a module reads a value on the host) is a DeviceError that says so.
 std::unique_ptr<StaticDecoder> make_graph_decoder(PretrainedModel& model, std::shared_ptr<DynamicCache> cache,
                                                   int64_t capacity, const at::Tensor& mask, const at::Tensor& positions);
 #else

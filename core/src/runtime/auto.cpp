@@ -150,6 +150,11 @@ void check_model_size(const ModelConfig& config, const checkpoint::Checkpoint* w
 }  // namespace
 
 void check_device_support(const PretrainedModel& model, c10::Device device) {
+  if (!device.is_cpu() && dist::active_group()) {
+    throw DeviceError(fmt::format("{} cannot run on {} split over processes: their collectives run over Gloo on the "
+                                  "CPU; use --device cpu with --tp (or torchrun)",
+                                  model.class_name(), device.str()));
+  }
   std::vector<std::string> refused;
   size_t count = 0;
   for (const auto& point : model.patch_points()) {

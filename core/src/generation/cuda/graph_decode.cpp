@@ -1,5 +1,6 @@
 // CUDA graph decoding (generation/static_decode.h): the static step captured once, then replayed.
-#include <optional>
+#include <memory>
+#include <string>
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -7,6 +8,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "generation/static_decode.h"
+#include "torchpatch/error.h"
 #include "torchpatch/models/pretrained.h"
 
 namespace torchpatch {
@@ -18,15 +20,13 @@ class CudaGraphDecoder : public StaticDecoder {
 
   at::Tensor step(const at::Tensor& ids) override {
     ids_.copy_(ids.view({-1, 1}));
-    if (steps_ > 0 && !graph_ && refusal_.empty()) capture();
     at::Tensor logits;
-    if (graph_) {
+    if (steps_ == 0) {
+      logits = run();  // eagerly: it makes cuBLAS's handles, the rotary table's copy and SDPA's choices
+    } else {
+      if (!graph_) capture();
       graph_->replay();
       logits = captured_logits_;
-    } else {
-      // The first step (it makes cuBLAS's handles, the rotary table's copy and SDPA's choices), or
-      // every step after a capture that failed: the same static step, launched op by op.
-      logits = run();
     }
     advance();
     return logits;
@@ -35,38 +35,42 @@ class CudaGraphDecoder : public StaticDecoder {
  private:
   // Captured on a side stream, as CUDA requires (the legacy default stream cannot be captured), with
   // both streams drained first; replays then run on the current stream, in the program's order.
-  // A module that reads a value on the host inside the step (a plugin's, say) makes the capture fail:
-  // decoding then goes on without the graph and says why.
   void capture() {
     const auto device = ids_.device();
     auto current = at::cuda::getCurrentCUDAStream(device.index());
     auto side = at::cuda::getStreamFromPool(false, device.index());
     side.synchronize();
     current.synchronize();
-    graph_.emplace();
+    auto graph = std::make_unique<at::cuda::CUDAGraph>();
     try {
       const c10::cuda::CUDAStreamGuard guard(side);
-      graph_->capture_begin();
+      graph->capture_begin();
       try {
         captured_logits_ = run();
       } catch (...) {
         try {
-          graph_->capture_end();  // returns the stream and the allocator to normal; fails itself
+          graph->capture_end();  // gives the stream back; fails itself
         } catch (...) {
         }
         throw;
       }
-      graph_->capture_end();
+      graph->capture_end();
     } catch (const std::exception& e) {
-      graph_.reset();
-      captured_logits_ = at::Tensor();
+      // A module that reads a value on the host inside the step (a plugin's, say) cannot be captured.
+      // The failed graph is left alive on purpose: LibTorch's allocator may still hold a reference to
+      // it, and freeing it would leave that dangling for the rest of the process.
+      (void)graph.release();
       const std::string what = e.what();
-      refusal_ = "capturing the step failed (" + what.substr(0, what.find('\n')) + ")";
+      throw DeviceError("decoding on " + device.str() + ": capturing the one-token step in a CUDA graph failed (" +
+                        what.substr(0, what.find('\n')) +
+                        "): a module of this model reads a value on the host while it runs; --no-cuda-graph "
+                        "(GenerationConfig::cuda_graph = false) decodes without the graph");
     }
     side.synchronize();
+    graph_ = std::move(graph);
   }
 
-  std::optional<at::cuda::CUDAGraph> graph_;
+  std::unique_ptr<at::cuda::CUDAGraph> graph_;
   at::Tensor captured_logits_;
 };
 

@@ -47,12 +47,17 @@ at::Tensor cuda_quant_linear(QuantFormat format, const at::Tensor& x, const at::
                                  blocks.device().str()));
   }
   const auto element = element_of(x, "the input");
+  if (bias.defined() && (bias.dim() != 1 || bias.size(0) != out_features || bias.device() != x.device())) {
+    throw InputError(fmt::format("{} linear: bias must be [{}] on {}, not {} on {}", format_name(format), out_features,
+                                 x.device().str(), fmt::join(bias.sizes(), "x"), bias.device().str()));
+  }
   const at::Tensor b = bias.defined() ? bias.to(x.scalar_type()).contiguous() : at::Tensor();
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor input = x.contiguous();
   const int64_t tokens = x.numel() / in;
   auto out_sizes = x.sizes().vec();
   out_sizes.back() = out_features;
+  if (tokens == 0 || out_features == 0) return at::zeros(out_sizes, x.options());  // nothing to launch
   if (tokens > cuda::kMaxGemvTokens) {
     // Prefill: the weights in x's dtype once, then cuBLAS.
     at::Tensor weight = at::empty({out_features, in}, x.options());
@@ -83,6 +88,7 @@ at::Tensor cuda_dequantize(QuantFormat format, const at::Tensor& blocks, const s
   auto out_sizes = q.sizes().vec();
   out_sizes.back() = in;
   at::Tensor out = at::empty(out_sizes, q.options().dtype(at::kFloat));
+  if (out.numel() == 0) return out;  // nothing to launch
   cuda::launch_dequantize(format == QuantFormat::kQ4_0, q.data_ptr<uint8_t>(), out.data_ptr(), rows, in,
                           cuda::Element::kFloat, at::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
