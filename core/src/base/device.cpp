@@ -21,12 +21,10 @@ c10::Device parse_device(const std::string& text) {
   const std::string prefix = "cuda:";
   if (text.rfind(prefix, 0) != 0) throw bad("not a device torchpatch runs models on");
   const auto index = text.substr(prefix.size());
-  if (index.empty() || index.size() > 3 || !std::all_of(index.begin(), index.end(), [](unsigned char c) { return std::isdigit(c); })) {
-    throw bad("the GPU's index must be a number from 0 to 127");
-  }
-  const int n = std::stoi(index);
-  if (n > 127) throw bad("the GPU's index must be a number from 0 to 127");
-  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(n));
+  const bool digits = !index.empty() && index.size() <= 3 &&
+                      std::all_of(index.begin(), index.end(), [](unsigned char c) { return std::isdigit(c); });
+  if (!digits || std::stoi(index) > 127) throw bad("the GPU's index must be a number from 0 to 127");
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(std::stoi(index)));
 }
 
 bool cuda_built() {

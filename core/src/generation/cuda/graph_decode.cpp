@@ -19,17 +19,13 @@ class CudaGraphDecoder : public StaticDecoder {
   using StaticDecoder::StaticDecoder;
 
   at::Tensor step(const at::Tensor& ids) override {
+    // The first step eagerly: it makes cuBLAS's handles, the rotary table's copy and SDPA's choices.
+    if (steps_ == 0) return StaticDecoder::step(ids);
     ids_.copy_(ids.view({-1, 1}));
-    at::Tensor logits;
-    if (steps_ == 0) {
-      logits = run();  // eagerly: it makes cuBLAS's handles, the rotary table's copy and SDPA's choices
-    } else {
-      if (!graph_) capture();
-      graph_->replay();
-      logits = captured_logits_;
-    }
+    if (!graph_) capture();
+    graph_->replay();
     advance();
-    return logits;
+    return captured_logits_;
   }
 
  private:
