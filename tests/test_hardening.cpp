@@ -713,6 +713,11 @@ TEST_CASE(".npy errors name the --routes file, escaped and cut", "[hardening][me
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Contains("wide.npy: not a readable .npy file: shape (1,") && Contains("more bytes)"));
   CHECK(r.out.size() < 1000);
+  // An empty array whose other dimensions multiply past int64: refused before LibTorch lays it out.
+  r = npy("vast.npy", "{'descr': '<i4', 'fortran_order': False, 'shape': (0, 999999999999999999, 99999999999), }");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Contains("vast.npy: not a readable .npy file: shape (0, 999999999999999999, 99999999999) spans "
+                             "more than 2^63 elements"));
   // What the routes say is checked later; that error names the file too.
   r = npy("flat.npy", "{'descr': '<i4', 'fortran_order': False, 'shape': (3,), }", std::string(12, '\0'));
   CHECK(r.code == 1);

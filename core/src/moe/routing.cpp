@@ -1,7 +1,9 @@
 #include "torchpatch/moe/routing.h"
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
+#include <limits>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -233,6 +235,14 @@ at::Tensor load_npy(const std::filesystem::path& path) {
   uint64_t needed = c10::elementSize(type);
   for (const int64_t d : shape) {
     if (__builtin_mul_overflow(needed, static_cast<uint64_t>(d), &needed)) throw fail("shape needs more than 2^64 bytes");
+  }
+  // LibTorch lays out every dimension, also those of an empty array: their strides must fit an int64.
+  uint64_t extent = 1;
+  for (const int64_t d : shape) {
+    if (__builtin_mul_overflow(extent, static_cast<uint64_t>(std::max<int64_t>(d, 1)), &extent) ||
+        extent > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      throw fail(fmt::format("shape ({}) spans more than 2^63 elements", fmt::join(shape, ", ")));
+    }
   }
   const uint64_t available = bytes.size() - start - length;
   if (needed != available) {
