@@ -369,6 +369,12 @@ TEST_CASE("safetensors rejects corrupt files", "[safetensors]") {
     REQUIRE_CHECKPOINT_ERROR(SafetensorsFile::open(file),
                              StartsWith(where) && Contains("tensor 'w': holds 8 bytes but shape"));
   }
+  SECTION("an empty tensor whose other dimensions overflow int64") {
+    write_raw(file, R"({"w": {"dtype": "F32", "shape": [0, 4294967296, 4294967296], "data_offsets": [0, 0]}})", 0);
+    REQUIRE_CHECKPOINT_ERROR(
+        SafetensorsFile::open(file),
+        StartsWith(where) && Contains("tensor 'w': shape [0, 4294967296, 4294967296] spans more than 2^63 elements"));
+  }
   SECTION("__metadata__ with a non-string value") {
     write_raw(file, R"({"__metadata__": {"format": 1}})", 0);
     REQUIRE_CHECKPOINT_ERROR(SafetensorsFile::open(file), StartsWith(where) && Contains("__metadata__") &&

@@ -22,6 +22,7 @@
 #include <fmt/ranges.h>  // fmt::join
 #include <nlohmann/json.hpp>
 
+#include "base/tensor_shape.h"
 #include "torchpatch/error.h"
 #include "torchpatch/json_file.h"
 #include "torchpatch/checkpoint/atomic_file.h"
@@ -232,6 +233,10 @@ TensorInfo read_entry(const std::filesystem::path& path, const std::string& name
   if (end - begin != needed) {
     throw bad(fmt::format("holds {} bytes but shape {} of {} needs {}", end - begin, shape_text(info.shape), dtype->name,
                           needed));
+  }
+  // Only an empty tensor gets here with such a shape: it needs no bytes, but LibTorch lays it out.
+  if (!strides_fit_int64(info.shape)) {
+    throw bad(fmt::format("shape {} spans more than 2^63 elements", shape_text(info.shape)));
   }
   info.begin = data_start + begin;
   info.end = data_start + end;

@@ -1,14 +1,13 @@
 #include "torchpatch/moe/routing.h"
 
-#include <algorithm>
 #include <cstring>
 #include <functional>
-#include <limits>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join
 
+#include "base/tensor_shape.h"
 #include "torchpatch/checkpoint/atomic_file.h"
 #include "torchpatch/error.h"
 #include "torchpatch/printable.h"
@@ -236,14 +235,7 @@ at::Tensor load_npy(const std::filesystem::path& path) {
   for (const int64_t d : shape) {
     if (__builtin_mul_overflow(needed, static_cast<uint64_t>(d), &needed)) throw fail("shape needs more than 2^64 bytes");
   }
-  // LibTorch lays out every dimension, also those of an empty array: their strides must fit an int64.
-  uint64_t extent = 1;
-  for (const int64_t d : shape) {
-    if (__builtin_mul_overflow(extent, static_cast<uint64_t>(std::max<int64_t>(d, 1)), &extent) ||
-        extent > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      throw fail(fmt::format("shape ({}) spans more than 2^63 elements", fmt::join(shape, ", ")));
-    }
-  }
+  if (!strides_fit_int64(shape)) throw fail(fmt::format("shape ({}) spans more than 2^63 elements", fmt::join(shape, ", ")));
   const uint64_t available = bytes.size() - start - length;
   if (needed != available) {
     throw fail(fmt::format("shape ({}) of {} needs {} bytes of data, the file holds {}", fmt::join(shape, ", "),
