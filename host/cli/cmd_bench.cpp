@@ -334,13 +334,14 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const auto rates = cpu ? matmul_rates(repeats) : MatmulRates{0, 0};
   BuiltModel built = build_model(*host, model_args);
   at::NoGradGuard no_grad;
-  const auto dtype = built.model->parameters().empty() ? at::kFloat : built.model->parameters().front().scalar_type();
+  const auto model_parameters = built.model->parameters();
+  const auto dtype = model_parameters.empty() ? at::kFloat : model_parameters.front().scalar_type();
   if (!cpu) bandwidth = device_copy_bandwidth(repeats, options.device);
   const double matmul = cpu ? rates.own : device_matmul_rate(repeats, options.device, dtype);
   const double bytes = weight_bytes_per_token(*built.model);
   const double flops = prefill_flops(*built.model, prompt_len);
   int64_t parameters = 0;
-  for (const auto& p : built.model->parameters()) parameters += p.numel();
+  for (const auto& p : model_parameters) parameters += p.numel();
 
   const BenchRun run{prompt_len, decode_tokens, repeats};
   std::vector<Measurement> results{measure(args.has("patch") ? "as patched" : "built-in", *built.model, prompt_len,

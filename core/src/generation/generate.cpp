@@ -4,16 +4,15 @@
 #include <chrono>
 #include <limits>
 
-#include <unistd.h>
-
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/InferenceMode.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join
 
-#include "torchpatch/error.h"
+#include "base/system_memory.h"
 #include "generation/static_decode.h"
+#include "torchpatch/error.h"
 #include "torchpatch/generation/cache.h"
 
 namespace torchpatch {
@@ -93,7 +92,7 @@ void check_memory(const DecoderConfig& d, int64_t batch, int64_t prompt, int64_t
                                   static_cast<double>(d.head_dim) * 2 +
                               sizeof(int64_t);
   const double bytes = per_position * static_cast<double>(batch) * static_cast<double>(positions);
-  const double memory = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  const double memory = physical_memory_bytes();
   if (memory > 0 && bytes > memory) {
     throw InputError(fmt::format("prompt of {} tokens + max_new_tokens {} = {} positions: their tokens and key/value "
                                  "cache need at least {:.3g} GB for a batch of {}, more than this machine's {:.3g} GB "
@@ -102,9 +101,6 @@ void check_memory(const DecoderConfig& d, int64_t batch, int64_t prompt, int64_t
   }
 }
 
-}  // namespace
-
-namespace {
 // Why `model` cannot decode over a static cache (`graph`: in a CUDA graph, which replays fixed
 // operations on fixed buffers, so nothing in the step may read a value on the host), or "".
 std::string static_refusal(const PretrainedModel& model, const GenerationConfig& config, int64_t prompt, bool graph) {

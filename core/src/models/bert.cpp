@@ -89,7 +89,7 @@ at::Tensor token_types(const ModelInputs& in, int64_t type_vocab_size) {
 }
 
 // The encoder's padding mask for cross-attention, checked against its states.
-at::Tensor encoder_mask(const ModelInputs& in, at::TensorOptions dtype) {
+at::Tensor encoder_mask(const ModelInputs& in, at::TensorOptions options) {
   const auto& states = in.encoder_hidden_states;
   const auto& mask = in.encoder_attention_mask;
   if (!mask.defined()) return {};
@@ -98,7 +98,7 @@ at::Tensor encoder_mask(const ModelInputs& in, at::TensorOptions dtype) {
                                  "[batch, encoder tokens])",
                                  fmt::join(mask.sizes(), "x"), fmt::join(states.sizes(), "x")));
   }
-  return nn::bidirectional_mask(mask, dtype);
+  return nn::bidirectional_mask(mask, options);
 }
 
 }  // namespace
@@ -292,11 +292,11 @@ ModelOutput BertModel::forward_impl(const ModelInputs& in) {
   check_positions(positions, d, /*rotary=*/false);
 
   auto h = embeddings->forward(in.input_ids.to(at::kLong), types, positions);  // [B, T, H]
-  const auto dtype = h.options();
+  const auto options = h.options();
   BertAttentionInputs attn;
   // An encoder sees every real token; a decoder only the ones before it.
-  attn.mask = b.is_decoder ? nn::causal_mask(in.attention_mask, batch, len, 0, dtype)
-                           : nn::bidirectional_mask(in.attention_mask, dtype);
+  attn.mask = b.is_decoder ? nn::causal_mask(in.attention_mask, batch, len, 0, options)
+                           : nn::bidirectional_mask(in.attention_mask, options);
   if (in.encoder_hidden_states.defined()) {
     const auto& states = in.encoder_hidden_states;
     if (!b.add_cross_attention) {
@@ -309,7 +309,7 @@ ModelOutput BertModel::forward_impl(const ModelInputs& in) {
                                    fmt::join(states.sizes(), "x")));
     }
     attn.encoder_hidden_states = states.to(h.scalar_type());
-    attn.encoder_mask = encoder_mask(in, dtype);
+    attn.encoder_mask = encoder_mask(in, options);
   } else if (in.encoder_attention_mask.defined()) {
     throw InputError("encoder_attention_mask: given without encoder_hidden_states");
   }

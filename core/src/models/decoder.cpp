@@ -20,9 +20,7 @@ const std::string& layer_type(const DecoderConfig& config, int64_t i) {
   static const std::string full = kFullAttention;
   return i < static_cast<int64_t>(config.layer_types.size()) ? config.layer_types[i] : full;
 }
-}  // namespace
 
-namespace {
 thread_local int device_made_inputs = 0;
 }  // namespace
 
@@ -39,11 +37,13 @@ void validate_decoder_inputs(const ModelInputs& in, int64_t vocab_size, int64_t 
     throw InputError(fmt::format("input_ids: expected an integer tensor, got {}", c10::toString(ids.scalar_type())));
   }
   if (ids.size(0) == 0 || ids.size(1) == 0) throw InputError("input_ids: empty batch or sequence");
-  const auto bad = read_values ? ((ids < 0).logical_or(ids >= vocab_size)).nonzero() : at::Tensor();
-  if (read_values && bad.size(0) > 0) {
-    const auto b = bad[0][0].item<int64_t>(), t = bad[0][1].item<int64_t>();
-    throw InputError(fmt::format("input_ids: token id {} at [{}, {}] is out of range for vocab_size {}",
-                                 ids[b][t].item<int64_t>(), b, t, vocab_size));
+  if (read_values) {
+    const auto bad = ((ids < 0).logical_or(ids >= vocab_size)).nonzero();
+    if (bad.size(0) > 0) {
+      const auto b = bad[0][0].item<int64_t>(), t = bad[0][1].item<int64_t>();
+      throw InputError(fmt::format("input_ids: token id {} at [{}, {}] is out of range for vocab_size {}",
+                                   ids[b][t].item<int64_t>(), b, t, vocab_size));
+    }
   }
   const std::vector<int64_t> mask_shape{ids.size(0), past_len + ids.size(1)};
   if (in.attention_mask.defined() && in.attention_mask.sizes() != at::IntArrayRef(mask_shape)) {

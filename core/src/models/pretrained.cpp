@@ -1,5 +1,7 @@
 #include "torchpatch/models/pretrained.h"
 
+#include <optional>
+
 #include "torchpatch/patching/outputs.h"
 #include "torchpatch/patching/scope.h"
 
@@ -21,16 +23,25 @@ std::vector<PatchPoint> PretrainedModel::patch_points() const {
   return points;
 }
 
-c10::Device PretrainedModel::device() const {
-  for (const auto& p : parameters(/*recurse=*/true)) return p.device();
-  return c10::Device(c10::kCPU);
+namespace {
+// The first parameter in parameters()' order (a module's own, then its children's), found without
+// listing them all: forward asks on every step.
+std::optional<c10::Device> first_parameter_device(const torch::nn::Module& module) {
+  for (const auto& item : module.named_parameters(/*recurse=*/false)) return item.value().device();
+  for (const auto& child : module.children()) {
+    if (const auto device = first_parameter_device(*child)) return device;
+  }
+  return std::nullopt;
 }
 
-namespace {
 void move_to(at::Tensor& t, c10::Device device) {
   if (t.defined() && t.device() != device) t = t.to(device);
 }
 }  // namespace
+
+c10::Device PretrainedModel::device() const {
+  return first_parameter_device(*this).value_or(c10::Device(c10::kCPU));
+}
 
 ModelOutput on_host(ModelOutput out) {
   const c10::Device cpu(c10::kCPU);

@@ -23,7 +23,6 @@ double lowest(c10::ScalarType dtype) {
 
 at::Tensor attention_mask(const at::Tensor& padding_mask, const MaskLayout& layout, at::TensorOptions options) {
   const auto dtype = c10::typeMetaToScalarType(options.dtype());
-  const auto on = at::TensorOptions().device(options.device());
   const auto& [batch, q_len, past_len, kv, window] = layout;
   if (padding_mask.defined() && (padding_mask.dim() != 2 || padding_mask.size(0) != batch ||
                                  padding_mask.size(1) != past_len + q_len)) {
@@ -33,8 +32,8 @@ at::Tensor attention_mask(const at::Tensor& padding_mask, const MaskLayout& layo
   const bool window_covers_all = !window || kv.length <= *window;
   if (!padding_mask.defined() && q_len == 1 && window_covers_all) return {};
 
-  auto q_idx = at::arange(past_len, past_len + q_len, on.dtype(at::kLong)).unsqueeze(1);             // [Q, 1]
-  auto kv_idx = at::arange(kv.offset, kv.offset + kv.length, on.dtype(at::kLong)).unsqueeze(0);  // [1, KV]
+  auto q_idx = at::arange(past_len, past_len + q_len, options.dtype(at::kLong)).unsqueeze(1);             // [Q, 1]
+  auto kv_idx = at::arange(kv.offset, kv.offset + kv.length, options.dtype(at::kLong)).unsqueeze(0);  // [1, KV]
   auto allowed = kv_idx <= q_idx;                                                  // [Q, KV]
   if (window) allowed = allowed.logical_and(kv_idx > q_idx - *window);
   allowed = allowed.view({1, 1, q_len, kv.length});
@@ -44,7 +43,7 @@ at::Tensor attention_mask(const at::Tensor& padding_mask, const MaskLayout& layo
   } else {
     allowed = allowed.expand({batch, 1, q_len, kv.length});
   }
-  auto mask = at::zeros({batch, 1, q_len, kv.length}, on.dtype(dtype));
+  auto mask = at::zeros({batch, 1, q_len, kv.length}, options);
   return mask.masked_fill(allowed.logical_not(), lowest(dtype));
 }
 

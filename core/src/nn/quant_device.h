@@ -17,7 +17,8 @@ namespace torchpatch::nn {
 /// the weights dequantized to x's dtype.
 at::Tensor cuda_quant_linear(QuantFormat format, const at::Tensor& x, const at::Tensor& blocks, int64_t out_features,
                              const at::Tensor& bias);
-/// dequantize for blocks on a CUDA device: float32 on that device.
+/// dequantize for blocks on a CUDA device, once dequantize has checked them (uint8 rows of whole
+/// blocks): float32 on that device.
 at::Tensor cuda_dequantize(QuantFormat format, const at::Tensor& blocks, const std::string& name);
 #else
 inline at::Tensor cuda_quant_linear(QuantFormat, const at::Tensor&, const at::Tensor&, int64_t, const at::Tensor&) {

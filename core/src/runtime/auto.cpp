@@ -4,12 +4,11 @@
 #include <cmath>
 #include <optional>
 
-#include <unistd.h>
-
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join
 
+#include "base/system_memory.h"
 #include "torchpatch/checkpoint/load.h"
 #include "torchpatch/dist/process_group.h"
 #include "torchpatch/device.h"
@@ -92,10 +91,6 @@ std::string format_bytes(double bytes) {
   return fmt::format("{:.3g} MB", bytes / 1e6);
 }
 
-double physical_memory() {
-  return static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
-}
-
 // A preset's random weights are drawn in float32 on the host before dtype and device apply, so its
 // parameters, counted exactly once built (untouched, under SkipInit), must fit the host's memory as
 // float32: the lower bound checked before building leaves out what a model adds beyond it.
@@ -103,7 +98,7 @@ void check_preset_memory(const PretrainedModel& model, const PretrainedOptions& 
   if (!options.check_memory) return;
   double parameters = 0;
   for (const auto& p : model.parameters()) parameters += static_cast<double>(p.numel());
-  const double memory = physical_memory();
+  const double memory = physical_memory_bytes();
   if (memory > 0 && parameters * 4 > memory) {
     throw ConfigError(fmt::format("{}: its {:.4g} parameters need {} as float32 while their random weights are drawn "
                                   "(before --dtype and --device apply), more than this machine's {} of memory "
@@ -136,7 +131,7 @@ void check_model_size(const ModelConfig& config, const checkpoint::Checkpoint* w
   }
   if (!options.check_memory) return;
   const double element = static_cast<double>(c10::elementSize(options.dtype.value_or(at::kFloat)));
-  const double memory = physical_memory();
+  const double memory = physical_memory_bytes();
   if (memory > 0 && parameters * element > memory) {
     throw ConfigError(fmt::format("{}: a model of at least {:.4g} parameters needs {} as {}, more than this "
                                   "machine's {} of memory; most of them are {} (checked before building anything; "
@@ -181,7 +176,7 @@ void place(PretrainedModel& model, const PretrainedOptions& options) {
       model.to(options.device);
     }
   } else if (options.dtype) {
-    model.to(*options.dtype);
+    model.to(*options.dtype);  // a module may override to(dtype) alone
   }
 }
 }  // namespace

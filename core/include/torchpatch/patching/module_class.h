@@ -51,7 +51,7 @@ struct TORCHPATCH_API BuildContext {
 /// plugin's class, whose code the host cannot see.
 using DeviceTypes = std::vector<c10::DeviceType>;
 
-/// Whether a class of `origin` that declared `devices` runs on `type`.
+/// Whether a class that declared `devices` (a built-in one when `builtin`) runs on `type`.
 TORCHPATCH_API bool runs_on(const DeviceTypes& devices, bool builtin, c10::DeviceType type);
 
 /// How the class of a built module was chosen.
