@@ -112,6 +112,13 @@ TEST_CASE("devices are named cpu, cuda or cuda:N", "[device]") {
   CHECK_NOTHROW(check_device(kCpu));
 }
 
+TEST_CASE("the size checks name whose memory they compare with", "[device]") {
+  CHECK(device_memory_bytes(kCpu) > 1e8);
+  CHECK(device_memory_owner(kCpu) == "this machine's");
+  CHECK(device_memory_owner(c10::Device(c10::kCUDA, 1)) == "GPU cuda:1's");
+  CHECK(device_memory_owner(c10::Device(c10::kCUDA)) == "the current GPU's");
+}
+
 TEST_CASE("a GPU this machine or build lacks is a clear error, before anything is built", "[device]") {
   if (cuda_device_count() > 0) {
     CHECK_NOTHROW(check_device(kCuda));
@@ -268,6 +275,31 @@ TEST_CASE("CUDA graph decoding gives what step-by-step decoding gives", "[cuda][
   const auto routed = generate(*moe, c.get("row0_input_ids"), {}, reference::reference_greedy());
   CHECK_FALSE(routed.cuda_graph);
   CHECK_THAT(routed.static_refusal, Contains("mixture-of-experts"));
+}
+
+TEST_CASE("on a GPU a model and a key/value cache must fit the GPU's memory", "[cuda][hardening]") {
+  if (!cuda_or_skip()) return;
+  CHECK(device_memory_bytes(kCuda) > 1e9);
+  // 10^12 parameters, refused before anything is built or moved (non-strict: the checkpoint is small).
+  const Case c("llama_basic");
+  const testutil::ScratchDir dir("gpu-absurd-model");
+  auto config = nlohmann::json::parse(std::ifstream(c.dir / "config.json"));
+  config["vocab_size"] = int64_t{1000000000000};
+  std::ofstream(dir.path / "config.json") << config.dump();
+  std::filesystem::copy_file(c.dir / "model.safetensors", dir.path / "model.safetensors");
+  PretrainedOptions options;
+  options.device = kCuda;
+  options.strict = false;
+  CHECK_THROWS_WITH(from_pretrained(dir.path, options), Contains("more than GPU cuda:0's") && Contains("--no-memory-check"));
+  // The cache of 10^12 positions (dynamic RoPE follows any length).
+  auto tiny = preset_config("tiny-llama").raw;
+  tiny["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
+  const auto model = from_config(ModelConfig::from_json(tiny, "dynamic"));
+  model->to(kCuda);
+  GenerationConfig generation;
+  generation.max_new_tokens = 1000000000000;
+  CHECK_THROWS_WITH(generate(*model, at::tensor(std::vector<int64_t>{1, 2, 3}).view({1, 3}), {}, generation),
+                    Contains("more than GPU cuda:0's") && Contains("lower max_new_tokens"));
 }
 
 TEST_CASE("a patch and a plugin class run on CUDA", "[cuda][plugins]") {

@@ -22,4 +22,12 @@ TORCHPATCH_API int cuda_device_count();
 /// CPU always; CUDA device N with a CUDA build, a driver and more than N GPUs.
 TORCHPATCH_API void check_device(c10::Device device);
 
+/// Bytes of memory a model on `device` has: the machine's physical memory for the CPU, the GPU's own
+/// for a CUDA device (0 where the system does not say). The size checks made before building a model
+/// or a key/value cache compare with it.
+TORCHPATCH_API double device_memory_bytes(c10::Device device);
+
+/// Whose memory device_memory_bytes counts, for messages: "this machine's", "GPU cuda:N's" or "the current GPU's".
+TORCHPATCH_API std::string device_memory_owner(c10::Device device);
+
 }  // namespace torchpatch

@@ -5,7 +5,11 @@
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <fmt/format.h>
+#if defined(TORCHPATCH_WITH_CUDA)
+#include <cuda_runtime_api.h>
+#endif
 
+#include "base/system_memory.h"
 #include "torchpatch/error.h"
 #include "torchpatch/printable.h"
 
@@ -64,6 +68,28 @@ void check_device(c10::Device device) {
                                   device.str(), count, count == 1 ? "" : "s",
                                   count == 1 ? "" : fmt::format(" to cuda:{}", count - 1)));
   }
+}
+
+double device_memory_bytes(c10::Device device) {
+  if (device.is_cpu()) return physical_memory_bytes();
+#if defined(TORCHPATCH_WITH_CUDA)
+  if (device.is_cuda()) {
+    int index = device.has_index() ? device.index() : 0;
+    cudaDeviceProp properties{};
+    if ((!device.has_index() && cudaGetDevice(&index) != cudaSuccess) ||
+        cudaGetDeviceProperties(&properties, index) != cudaSuccess) {
+      (void)cudaGetLastError();  // not left for the next CUDA call to report
+      return 0;
+    }
+    return static_cast<double>(properties.totalGlobalMem);
+  }
+#endif
+  return 0;
+}
+
+std::string device_memory_owner(c10::Device device) {
+  if (device.is_cpu()) return "this machine's";
+  return device.has_index() ? "GPU " + device.str() + "'s" : "the current GPU's";
 }
 
 }  // namespace torchpatch

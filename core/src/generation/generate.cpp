@@ -10,8 +10,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join
 
-#include "base/system_memory.h"
 #include "generation/static_decode.h"
+#include "torchpatch/device.h"
 #include "torchpatch/error.h"
 #include "torchpatch/generation/cache.h"
 
@@ -85,19 +85,21 @@ at::Tensor process_logits(const at::Tensor& logits, const GenerationConfig& c) {
 namespace {
 
 // Before anything is allocated: the tokens and the key/value cache of `positions` per row must fit the
-// machine's memory (a model whose positions are unbounded, dynamic RoPE's, would otherwise ask the
-// allocator for terabytes). At least two bytes a cached value, the narrowest float a cache holds.
-void check_memory(const DecoderConfig& d, int64_t batch, int64_t prompt, int64_t max_new_tokens, int64_t positions) {
+// memory of the model's device (a model whose positions are unbounded, dynamic RoPE's, would otherwise
+// ask the allocator for terabytes). At least two bytes a cached value, the narrowest float a cache holds.
+void check_memory(const DecoderConfig& d, c10::Device device, int64_t batch, int64_t prompt, int64_t max_new_tokens,
+                  int64_t positions) {
   const double per_position = static_cast<double>(d.num_hidden_layers) * 2 * static_cast<double>(d.num_key_value_heads) *
                                   static_cast<double>(d.head_dim) * 2 +
                               sizeof(int64_t);
   const double bytes = per_position * static_cast<double>(batch) * static_cast<double>(positions);
-  const double memory = physical_memory_bytes();
+  const double memory = device_memory_bytes(device);
   if (memory > 0 && bytes > memory) {
     throw InputError(fmt::format("prompt of {} tokens + max_new_tokens {} = {} positions: their tokens and key/value "
-                                 "cache need at least {:.3g} GB for a batch of {}, more than this machine's {:.3g} GB "
+                                 "cache need at least {:.3g} GB for a batch of {}, more than {} {:.3g} GB "
                                  "of memory; lower max_new_tokens",
-                                 prompt, max_new_tokens, positions, bytes / 1e9, batch, memory / 1e9));
+                                 prompt, max_new_tokens, positions, bytes / 1e9, batch, device_memory_owner(device),
+                                 memory / 1e9));
   }
 }
 
@@ -152,7 +154,7 @@ GenerationOutput generate(PretrainedModel& model, const at::Tensor& input_ids, c
                                  prompt, config.max_new_tokens, overflow ? "more than 2^63" : std::to_string(positions),
                                  d.position_limit()));
   }
-  check_memory(d, batch, prompt, config.max_new_tokens, positions);
+  check_memory(d, model.device(), batch, prompt, config.max_new_tokens, positions);
   at::Tensor mask = attention_mask;
   if (mask.defined()) {
     if (mask.sizes() != input_ids.sizes()) {

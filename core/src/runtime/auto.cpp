@@ -130,14 +130,16 @@ void check_model_size(const ModelConfig& config, const checkpoint::Checkpoint* w
     }
   }
   if (!options.check_memory) return;
+  // On a GPU the parameters live in its memory: the host holds them only untouched, while they move.
   const double element = static_cast<double>(c10::elementSize(options.dtype.value_or(at::kFloat)));
-  const double memory = physical_memory_bytes();
+  const double memory = device_memory_bytes(options.device);
   if (memory > 0 && parameters * element > memory) {
-    throw ConfigError(fmt::format("{}: a model of at least {:.4g} parameters needs {} as {}, more than this "
-                                  "machine's {} of memory; most of them are {} (checked before building anything; "
+    throw ConfigError(fmt::format("{}: a model of at least {:.4g} parameters needs {} as {}, more than {} {} of "
+                                  "memory; most of them are {} (checked before building anything; "
                                   "--no-memory-check / PretrainedOptions::check_memory = false builds it anyway)",
                                   source, parameters, format_bytes(parameters * element),
-                                  c10::toString(options.dtype.value_or(at::kFloat)), format_bytes(memory),
+                                  c10::toString(options.dtype.value_or(at::kFloat)),
+                                  device_memory_owner(options.device), format_bytes(memory),
                                   config.decoder.largest_size_term()));
   }
 }
