@@ -3,13 +3,14 @@
 #include <algorithm>
 #include <cctype>
 
+#include <unistd.h>
+
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <fmt/format.h>
 #if defined(TORCHPATCH_WITH_CUDA)
 #include <cuda_runtime_api.h>
 #endif
 
-#include "base/system_memory.h"
 #include "torchpatch/error.h"
 #include "torchpatch/printable.h"
 
@@ -71,13 +72,15 @@ void check_device(c10::Device device) {
 }
 
 double device_memory_bytes(c10::Device device) {
-  if (device.is_cpu()) return physical_memory_bytes();
+  if (device.is_cpu()) {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page_size = ::sysconf(_SC_PAGESIZE);
+    return pages > 0 && page_size > 0 ? static_cast<double>(pages) * static_cast<double>(page_size) : 0;
+  }
 #if defined(TORCHPATCH_WITH_CUDA)
   if (device.is_cuda()) {
-    int index = device.has_index() ? device.index() : 0;
+    int index = device.index();  // -1 for "cuda": the current GPU, asked for below
     cudaDeviceProp properties{};
-    if ((!device.has_index() && cudaGetDevice(&index) != cudaSuccess) ||
-        cudaGetDeviceProperties(&properties, index) != cudaSuccess) {
+    if ((index < 0 && cudaGetDevice(&index) != cudaSuccess) || cudaGetDeviceProperties(&properties, index) != cudaSuccess) {
       (void)cudaGetLastError();  // not left for the next CUDA call to report
       return 0;
     }

@@ -4,11 +4,12 @@
 #include <cmath>
 #include <optional>
 
+#include <unistd.h>  // getpid
+
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join
 
-#include "base/system_memory.h"
 #include "torchpatch/checkpoint/load.h"
 #include "torchpatch/dist/process_group.h"
 #include "torchpatch/device.h"
@@ -98,7 +99,7 @@ void check_preset_memory(const PretrainedModel& model, const PretrainedOptions& 
   if (!options.check_memory) return;
   double parameters = 0;
   for (const auto& p : model.parameters()) parameters += static_cast<double>(p.numel());
-  const double memory = physical_memory_bytes();
+  const double memory = device_memory_bytes(c10::Device(c10::kCPU));
   if (memory > 0 && parameters * 4 > memory) {
     throw ConfigError(fmt::format("{}: its {:.4g} parameters need {} as float32 while their random weights are drawn "
                                   "(before --dtype and --device apply), more than this machine's {} of memory "
