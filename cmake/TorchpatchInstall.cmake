@@ -3,6 +3,7 @@
 #
 #   P/bin/torchpatch                   the CLI (RPATH $ORIGIN/../lib)
 #   P/lib/libtorchpatch_{core,host}.so
+#   P/lib/libtorchpatch_cuda.so        CUDA builds: what --device cuda loads (core/CMakeLists.txt)
 #   P/lib/torchpatch/plugins/*.so      the bundled plugins, where the host library looks for them
 #                                      (torchpatch::bundled_plugin_dir(); torchpatch_PLUGIN_DIR in CMake)
 #   P/include/torchpatch/...           the public headers (core, plugin API, host)
@@ -26,6 +27,9 @@ install(TARGETS torchpatch_core torchpatch_host torchpatch_plugin_api
   EXPORT torchpatchTargets
   LIBRARY DESTINATION lib)
 install(TARGETS torchpatch RUNTIME DESTINATION bin)
+if(TARGET torchpatch_cuda)
+  install(TARGETS torchpatch_cuda LIBRARY DESTINATION lib)
+endif()
 
 # Every plugin built in plugins/ is a bundled plugin.
 get_property(torchpatch_bundled_targets DIRECTORY ${PROJECT_SOURCE_DIR}/plugins PROPERTY BUILDSYSTEM_TARGETS)
@@ -53,4 +57,5 @@ install(FILES
   ${PROJECT_BINARY_DIR}/torchpatchConfig.cmake
   ${PROJECT_BINARY_DIR}/torchpatchConfigVersion.cmake
   ${PROJECT_SOURCE_DIR}/cmake/TorchpatchPlugin.cmake
+  ${PROJECT_SOURCE_DIR}/cmake/TorchpatchLibTorch.cmake
   DESTINATION ${TORCHPATCH_INSTALL_CMAKEDIR})

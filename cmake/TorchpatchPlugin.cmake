@@ -18,8 +18,8 @@ function(torchpatch_add_plugin name)
     PREFIX ""
     CXX_VISIBILITY_PRESET hidden
     VISIBILITY_INLINES_HIDDEN ON)
-  if(TARGET torchpatch_plugin_pch)  # in torchpatch's own tree (plugin_api/CMakeLists.txt)
-    target_precompile_headers(${name} REUSE_FROM torchpatch_plugin_pch)
+  if(DEFINED TORCHPATCH_PLUGIN_PCH)  # in torchpatch's own tree (cmake/TorchpatchPch.cmake)
+    target_precompile_headers(${name} REUSE_FROM ${TORCHPATCH_PLUGIN_PCH})
     # The header holds {fmt}: the system's, as everywhere in the tree (CMakeLists.txt says why).
     target_link_libraries(${name} PRIVATE torchpatch::fmt)
   endif()

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Installs what torchpatch needs (only what is missing), then configures and builds.
-# Used by run-demo.sh, test.sh and sanitize.sh. Arguments go to CMake.
+# Installs what torchpatch needs (only what is missing), then configures and builds, saying which stage
+# it is in and how long each took. Used by run-demo.sh and test.sh. Arguments go to CMake.
 #   BUILD_DIR            the build tree (default: build)
+#   TORCHPATCH_TARGETS   what to build (default: everything the configuration has)
 #   TORCHPATCH_LIBTORCH  which LibTorch to build against:
-#                          wheel   LibTorch 2.x from PyPI's torch wheel, installed inside the build
-#                                  tree by scripts/install-libtorch.sh (the default; what CI tests)
+#                          wheel   LibTorch 2.x from PyPI's torch wheel, installed in the user's cache
+#                                  by scripts/install-libtorch.sh (the default; what CI tests)
 #                          debian  Debian bookworm's libtorch-dev 1.13 (the previous runtime; kept
 #                                  for comparisons, not run by CI)
-#   CXX                  the compiler (sanitize.sh sets clang++-14)
+#   CXX                  the compiler
 set -euo pipefail
 cd "$(dirname "$0")/.."
+start=$SECONDS
+stage() { echo "bootstrap: [$1/4] $2 ($((SECONDS - start)) s so far)"; }
 
 packages=(cmake ninja-build g++ ccache pkg-config
           libgloo-dev                              # the Gloo headers c10d's ProcessGroupGloo needs (no wheel ships them)
@@ -26,14 +29,26 @@ case $libtorch in
   *) echo "bootstrap: TORCHPATCH_LIBTORCH is '$libtorch'; use wheel (LibTorch 2.x from PyPI) or debian (libtorch-dev 1.13)" >&2
      exit 2 ;;
 esac
+stage 1 "Debian packages (installing those missing)"
 scripts/install-packages.sh "${packages[@]}"
 
 build_dir=${BUILD_DIR:-build}
 torch_args=()
 if [[ $libtorch == wheel ]]; then
-  # One LibTorch for every build tree of the checkout (the sanitizer builds reuse the main one's).
-  prefix=$(TORCHPATCH_DEPS_DIR=${TORCHPATCH_DEPS_DIR:-build/_deps} scripts/install-libtorch.sh)
+  stage 2 "LibTorch (scripts/install-libtorch.sh; downloaded once per machine)"
+  prefix=$(scripts/install-libtorch.sh)
   torch_args=(-DCMAKE_PREFIX_PATH="$prefix")
 fi
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${torch_args[@]}" "$@"
-cmake --build "$build_dir"
+stage 3 "configuring $build_dir"
+mkdir -p "$build_dir"
+# Release: -O2 without debug information (CMakeLists.txt), also in a tree an older version configured.
+if ! cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "${torch_args[@]}" "$@" >"$build_dir/configure.log" 2>&1; then
+  cat "$build_dir/configure.log" >&2
+  exit 1
+fi
+grep -E "^-- torchpatch:" "$build_dir/configure.log" || true  # CUDA on or off, and why (the rest: configure.log)
+targets=()
+[[ -n ${TORCHPATCH_TARGETS:-} ]] && targets=(--target $TORCHPATCH_TARGETS)
+stage 4 "building ${TORCHPATCH_TARGETS:-everything} in $build_dir (ninja's [done/total] below)"
+cmake --build "$build_dir" "${targets[@]}"
+echo "bootstrap: built in $((SECONDS - start)) s"

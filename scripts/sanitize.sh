@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The sanitizer jobs, with clang 14, as CI runs them after the release suite:
 #   asan   every test, and each fuzzer for TORCHPATCH_FUZZ_SECONDS (default 20) over its seed corpus,
-#          under ASan and UBSan, in one build that instruments core, host, plugins and tests
-#   tsan   the multi-threaded tests ([threads]: registries, scoped patches, plugin hosts, the decode team, a MoE block on two threads) under TSan
+#          under ASan and UBSan, in one build that instruments core, host, plugins and tests (the
+#          fuzzers' coverage in libtorchpatch_core alone, where their input is read)
+#   tsan   the multi-threaded tests ([threads]: registries, scoped patches, plugin hosts, the decode team,
+#          a MoE block on two threads) under TSan, building only what they run: the library, the host
+#          library, the five test files and the two test plugins they load
 #   fuzz   only the fuzzers of the asan build (scripts/fuzz.sh)
 #   all    asan, then tsan (the default)
 # -O1 and line tables only: these builds are for finding faults, and build time is most of their cost.
@@ -23,10 +26,14 @@ configure_asan() {
 
 run_asan() {
   configure_asan
-  cmake --build "$asan_dir"
+  # What the suite runs: the tests, with the CLI and every plugin they load, the host example, the fuzzers.
+  cmake --build "$asan_dir" --target torchpatch_tests embed_host torchpatch_fuzzers
   # The crash tests need a plugin's own SIGSEGV to reach the probe, not ASan's report of it.
   # The documented commands (label docs: the 125M benches) are the release suite's.
-  ASAN_OPTIONS=handle_segv=0 ctest --test-dir "$asan_dir" --output-on-failure -j2 -LE docs
+  local status=0
+  ASAN_OPTIONS=handle_segv=0 ctest --test-dir "$asan_dir" --output-on-failure -j2 -LE docs || status=$?
+  scripts/slowest-tests.sh "$asan_dir"
+  return $status
 }
 
 run_fuzz() {

@@ -1,2 +1,2 @@
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "test_prelude.h"  // Catch, once LibTorch's CHECK is out of the way

@@ -43,13 +43,14 @@ for f in bin/torchpatch lib/libtorchpatch_core.so lib/libtorchpatch_host.so \
          lib/torchpatch/plugins/fused_qkv_attention.so lib/torchpatch/plugins/custom_llama_attention.so \
          include/torchpatch/plugin_api.h include/torchpatch/plugin_host.h include/torchpatch/models/llama.h \
          lib/cmake/torchpatch/torchpatchConfig.cmake lib/cmake/torchpatch/torchpatchConfigVersion.cmake \
-         lib/cmake/torchpatch/torchpatchTargets.cmake lib/cmake/torchpatch/TorchpatchPlugin.cmake; do
+         lib/cmake/torchpatch/torchpatchTargets.cmake lib/cmake/torchpatch/TorchpatchPlugin.cmake \
+         lib/cmake/torchpatch/TorchpatchLibTorch.cmake; do
   [[ -f $prefix/$f ]] || fail "not installed: $f"
 done
 # Nothing else: no tests, test plugins, examples or benchmarks.
 stray=$(cd "$prefix" && find . -type f \
   ! -path './bin/torchpatch' ! -path './include/torchpatch/*' ! -path './lib/libtorchpatch_core.so' \
-  ! -path './lib/libtorchpatch_host.so' ! -path './lib/torchpatch/plugins/*.so' ! -path './lib/cmake/torchpatch/*.cmake')
+  ! -path './lib/libtorchpatch_host.so' ! -path './lib/libtorchpatch_cuda.so' ! -path './lib/torchpatch/plugins/*.so' ! -path './lib/cmake/torchpatch/*.cmake')
 [[ -z $stray ]] || fail "unexpected files installed: $stray"
 if find "$prefix" -name 'testplugin_*' | grep -q .; then fail "test plugins installed"; fi
 

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "torchpatch/device.h"
 #include "torchpatch/checkpoint/checkpoint.h"
 #include "torchpatch/version.h"
 
@@ -117,6 +118,7 @@ TEST_CASE("cli --version names torchpatch, LibTorch and the CPU extensions in us
   CHECK_THAT(r.out, Contains(fmt::format("torchpatch {}.{}.{}\n", TORCHPATCH_VERSION_MAJOR, TORCHPATCH_VERSION_MINOR,
                                          TORCHPATCH_VERSION_PATCH)));
   CHECK_THAT(r.out, Contains("LibTorch "));
+  CHECK_THAT(r.out, Contains(torchpatch::cuda_built() ? "CUDA: built (libtorchpatch_cuda" : "CUDA: not built"));
   CHECK_THAT(r.out, Contains("CPU extensions in use: "));
   CHECK_THAT(r.out, Contains("quantized kernels: the "));
 }

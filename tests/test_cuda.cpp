@@ -6,6 +6,7 @@
 #include "reference_case.h"
 
 #include <fstream>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -138,6 +139,38 @@ TEST_CASE("a GPU this machine or build lacks is a clear error, before anything i
   CHECK_THAT(cli.out, Contains("device 'cuda:0'") || Contains("device 'cuda'"));
   CHECK_THAT(cli.out, Contains(expected));
   CHECK_THAT(cli.out, !Contains("Exception raised from"));  // no LibTorch backtrace
+}
+
+// The shared objects a CLI run loaded, from the dynamic loader's own account (LD_DEBUG=files: one
+// "calling init: PATH" line per library it initialises).
+namespace {
+std::string libraries_loaded_by(const std::string& arguments) {
+  const auto r = testutil::torchpatch_cli(arguments, "LD_DEBUG=files");
+  std::string libraries;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) {
+    const auto at = line.find("calling init: ");
+    if (at != std::string::npos) libraries += line.substr(at + 14) + "\n";
+  }
+  return libraries;
+}
+}  // namespace
+
+TEST_CASE("a command that asks for no GPU loads no CUDA library; one that does loads torchpatch's", "[device][cli]") {
+  for (const auto* command : {"--version", "plan --preset tiny-llama", "run --preset tiny-llama --prompt-ids 1,2"}) {
+    const auto loaded = libraries_loaded_by(command);
+    INFO(command << " loaded:\n" << loaded);
+    REQUIRE_THAT(loaded, Contains("libtorch_cpu.so"));  // the loader's account was read
+    CHECK_THAT(loaded, !Contains("libtorch_cuda") && !Contains("libcublas") && !Contains("libcudnn") &&
+                           !Contains("libnccl") && !Contains("libtorchpatch_cuda"));
+  }
+  const auto loaded = libraries_loaded_by("run --preset tiny-llama --prompt-ids 1,2 --device cuda");
+  INFO(loaded);
+  if (cuda_built()) {
+    CHECK_THAT(loaded, Contains("libtorchpatch_cuda.so") && Contains("libtorch_cuda.so"));
+  } else {
+    CHECK_THAT(loaded, !Contains("libtorch_cuda"));
+  }
 }
 
 TEST_CASE("every command that builds a model takes --device cpu, cuda or cuda:N", "[device][cli]") {

@@ -19,7 +19,10 @@ TORCHPATCH_API bool cuda_built();
 TORCHPATCH_API int cuda_device_count();
 
 /// Throws DeviceError, saying why and what to do instead, unless models can run on `device` here: the
-/// CPU always; CUDA device N with a CUDA build, a driver and more than N GPUs.
+/// CPU always; CUDA device N with a CUDA build, a driver and more than N GPUs. In a CUDA build the first
+/// call for a GPU loads torchpatch's CUDA library and LibTorch's (a process that asks for no GPU never
+/// loads them). LibTorch settles its answer about CUDA the first time it is asked, so a host that
+/// asks LibTorch itself (at::manual_seed, torch::cuda::is_available) calls this first.
 TORCHPATCH_API void check_device(c10::Device device);
 
 /// Bytes of memory a model on `device` has: the machine's physical memory for the CPU, the GPU's own

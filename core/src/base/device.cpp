@@ -7,10 +7,7 @@
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <fmt/format.h>
-#if defined(TORCHPATCH_WITH_CUDA)
-#include <cuda_runtime_api.h>
-#endif
-
+#include "base/cuda_library.h"
 #include "torchpatch/error.h"
 #include "torchpatch/printable.h"
 
@@ -43,6 +40,11 @@ bool cuda_built() {
 int cuda_device_count() {
   if (!cuda_built()) return 0;
   // LibTorch's CUDA library registers its device guard when it loads; without a driver it counts 0.
+  try {
+    load_cuda_library();
+  } catch (const DeviceError&) {
+    return 0;  // check_device says why
+  }
   const auto* impl = c10::impl::hasDeviceGuardImpl(c10::kCUDA) ? c10::impl::getDeviceGuardImpl(c10::kCUDA) : nullptr;
   return impl ? static_cast<int>(impl->deviceCount()) : 0;
 }
@@ -54,10 +56,11 @@ void check_device(c10::Device device) {
   }
   if (!cuda_built()) {
     throw DeviceError(fmt::format("device '{}': this torchpatch was built without CUDA (configured with TORCHPATCH_CUDA=OFF, "
-                                  "or its LibTorch has no CUDA); use --device cpu, or build it with CUDA "
-                                  "(docs/cuda.md)",
+                                  "without the CUDA toolkit, or its LibTorch has no CUDA); use --device cpu, or build "
+                                  "it with CUDA (docs/cuda.md)",
                                   device.str()));
   }
+  load_cuda_library();  // its reason, where it cannot load
   const int count = cuda_device_count();
   if (count == 0) {
     throw DeviceError(fmt::format("device '{}': this machine has no CUDA GPU (or no NVIDIA driver that LibTorch can "
@@ -76,17 +79,7 @@ double device_memory_bytes(c10::Device device) {
     const long pages = ::sysconf(_SC_PHYS_PAGES), page_size = ::sysconf(_SC_PAGESIZE);
     return pages > 0 && page_size > 0 ? static_cast<double>(pages) * static_cast<double>(page_size) : 0;
   }
-#if defined(TORCHPATCH_WITH_CUDA)
-  if (device.is_cuda()) {
-    int index = device.index();  // -1 for "cuda": the current GPU, asked for below
-    cudaDeviceProp properties{};
-    if ((index < 0 && cudaGetDevice(&index) != cudaSuccess) || cudaGetDeviceProperties(&properties, index) != cudaSuccess) {
-      (void)cudaGetLastError();  // not left for the next CUDA call to report
-      return 0;
-    }
-    return static_cast<double>(properties.totalGlobalMem);
-  }
-#endif
+  if (device.is_cuda() && cuda_built()) return cuda_memory_bytes(device);
   return 0;
 }
 

@@ -161,7 +161,20 @@ std::shared_ptr<ProcessGroup> ProcessGroup::join(const GroupOptions& options) {
                                 options.world_size, seconds(options.timeout), options.master_addr,
                                 options.master_port, cause_of(e)));
   }
-  return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(state)));
+  // A rank's connections can be complete while a peer still finishes its side of one. Without this
+  // barrier a rank that fails right after joining (a configuration error every rank finds, say)
+  // could close its sockets under that peer, which would then report a transport error instead of
+  // the error itself. After it, every rank holds the whole group.
+  auto group = std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(state)));
+  try {
+    group->state_->gloo->barrier()->wait(options.timeout);
+  } catch (const std::exception& e) {
+    throw DistError(fmt::format("rank {} of {}: the group formed, but not every rank confirmed it within {} (store "
+                                "{}:{}): {} (a peer process may have died or been killed)",
+                                options.rank, options.world_size, seconds(options.timeout), options.master_addr,
+                                options.master_port, cause_of(e)));
+  }
+  return group;
 }
 
 ProcessGroup::ProcessGroup(std::unique_ptr<State> state) : state_(std::move(state)) {}

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include "base/cuda_library.h"
 #include "torchpatch/generation/cache.h"
 #include "torchpatch/models/decoder.h"
 #include "torchpatch/models/pretrained.h"
@@ -51,6 +52,18 @@ void StaticDecoder::advance() {
   ++steps_;
   positions_.add_(1);
   write_at_.add_(1);
+}
+
+namespace {
+GraphDecoderFactory graph_decoder_factory = nullptr;
+}  // namespace
+
+void register_graph_decoder_factory(GraphDecoderFactory factory) { graph_decoder_factory = factory; }
+
+std::unique_ptr<StaticDecoder> make_graph_decoder(PretrainedModel& model, std::shared_ptr<DynamicCache> cache,
+                                                  int64_t capacity, const at::Tensor& mask, const at::Tensor& positions) {
+  load_cuda_library();  // registers the factory, or says why it cannot
+  return graph_decoder_factory(model, std::move(cache), capacity, mask, positions);
 }
 
 }  // namespace torchpatch

@@ -46,17 +46,16 @@ class StaticDecoder {
   int64_t steps_ = 0;
 };
 
-#if defined(TORCHPATCH_WITH_CUDA)
 /// A StaticDecoder whose first step runs eagerly (it makes cuBLAS's handles, the rotary table's copy
 /// and SDPA's choices), whose second is captured in a CUDA graph, and whose later steps replay it. A
 /// step that cannot be captured (a module reads a value on the host) is a DeviceError that says so.
+/// The decoder lives in libtorchpatch_cuda (generation/cuda/graph_decode.cpp), loaded here if needed.
 std::unique_ptr<StaticDecoder> make_graph_decoder(PretrainedModel& model, std::shared_ptr<DynamicCache> cache,
                                                   int64_t capacity, const at::Tensor& mask, const at::Tensor& positions);
-#else
-inline std::unique_ptr<StaticDecoder> make_graph_decoder(PretrainedModel&, std::shared_ptr<DynamicCache>, int64_t,
-                                                         const at::Tensor&, const at::Tensor&) {
-  throw DeviceError("CUDA graph decoding: this torchpatch was built without CUDA");
-}
-#endif
+
+/// What make_graph_decoder calls: libtorchpatch_cuda registers it as it loads (base/cuda_library.h).
+using GraphDecoderFactory = std::unique_ptr<StaticDecoder> (*)(PretrainedModel&, std::shared_ptr<DynamicCache>,
+                                                               int64_t, const at::Tensor&, const at::Tensor&);
+void register_graph_decoder_factory(GraphDecoderFactory factory);
 
 }  // namespace torchpatch

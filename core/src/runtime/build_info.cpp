@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>  // fmt::join
 #include <torch/csrc/api/include/torch/version.h>
 
+#include "torchpatch/device.h"
 #include "torchpatch/nn/quant.h"
 #include "torchpatch/version.h"
 
@@ -22,10 +23,13 @@ std::string build_info() {
   return fmt::format(
       "torchpatch {}.{}.{}\n"
       "LibTorch {}.{}.{} (CPU; intra-op threads: {})\n"
+      "CUDA: {}\n"
       "CPU extensions in use: {}\n"
       "quantized kernels: {}\n",
       TORCHPATCH_VERSION_MAJOR, TORCHPATCH_VERSION_MINOR, TORCHPATCH_VERSION_PATCH, TORCH_VERSION_MAJOR,
       TORCH_VERSION_MINOR, TORCH_VERSION_PATCH, at::get_num_threads(),
+      // Said without loading it: the CUDA libraries load only when a command asks for a GPU.
+      cuda_built() ? "built (libtorchpatch_cuda, loaded when a command asks for a GPU)" : "not built (CPU only)",
       features.empty() ? "none (LibTorch's own kernels only)" : fmt::format("{}", fmt::join(features, ", ")),
       rows16 ? "the kRows16 layout (AVX-512 VNNI)" : "the kBlocks layout (GGUF's own)");
 }

@@ -70,11 +70,13 @@ class CudaGraphDecoder : public StaticDecoder {
   at::Tensor captured_logits_;
 };
 
-}  // namespace
-
-std::unique_ptr<StaticDecoder> make_graph_decoder(PretrainedModel& model, std::shared_ptr<DynamicCache> cache,
-                                                  int64_t capacity, const at::Tensor& mask, const at::Tensor& positions) {
+std::unique_ptr<StaticDecoder> make_cuda_graph_decoder(PretrainedModel& model, std::shared_ptr<DynamicCache> cache,
+                                                       int64_t capacity, const at::Tensor& mask, const at::Tensor& positions) {
   return std::make_unique<CudaGraphDecoder>(model, std::move(cache), capacity, mask, positions);
 }
+
+const bool registered = (register_graph_decoder_factory(&make_cuda_graph_decoder), true);
+
+}  // namespace
 
 }  // namespace torchpatch

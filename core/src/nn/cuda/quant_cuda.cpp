@@ -7,6 +7,7 @@
 
 #include "nn/cuda/quant_kernels.h"
 #include "nn/quant_device.h"
+#include "torchpatch/error.h"
 
 namespace torchpatch::nn {
 namespace {
@@ -32,9 +33,7 @@ void check_blocks(QuantFormat format, const at::Tensor& blocks, int64_t rows, in
   }
 }
 
-}  // namespace
-
-at::Tensor cuda_quant_linear(QuantFormat format, const at::Tensor& x, const at::Tensor& blocks, int64_t out_features,
+at::Tensor linear_on_cuda(QuantFormat format, const at::Tensor& x, const at::Tensor& blocks, int64_t out_features,
                              const at::Tensor& bias) {
   const int64_t in = x.dim() == 0 ? 0 : x.size(-1);
   if (in == 0 || in % kQuantBlockSize != 0) {
@@ -74,7 +73,7 @@ at::Tensor cuda_quant_linear(QuantFormat format, const at::Tensor& x, const at::
   return out;
 }
 
-at::Tensor cuda_dequantize(QuantFormat format, const at::Tensor& blocks, const std::string&) {
+at::Tensor dequantize_on_cuda(QuantFormat format, const at::Tensor& blocks, const std::string&) {
   const at::Tensor q = blocks.contiguous();
   const int64_t in = q.size(-1) / block_bytes(format) * kQuantBlockSize;
   const int64_t rows = q.numel() / q.size(-1);
@@ -89,4 +88,7 @@ at::Tensor cuda_dequantize(QuantFormat format, const at::Tensor& blocks, const s
   return out;
 }
 
+const bool registered = (register_quant_cuda_kernels({&linear_on_cuda, &dequantize_on_cuda}), true);
+
+}  // namespace
 }  // namespace torchpatch::nn

@@ -1,4 +1,4 @@
-// Precompiled header of libtorchpatch_core: the heavy LibTorch headers every source needs.
+// The precompiled header (cmake/TorchpatchPch.cmake): the heavy LibTorch headers every source needs.
 #pragma once
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>

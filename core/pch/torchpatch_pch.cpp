@@ -1,0 +1,1 @@
+// The one source of torchpatch_pch, whose precompiled header every target of the tree reuses.
