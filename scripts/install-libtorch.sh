@@ -38,7 +38,7 @@ if [[ ! -f $venv/installed ]]; then
   fi
   rm -rf "$venv"
   python3 -m venv "$venv"
-  echo "installing torch $version's LibTorch from PyPI into $venv (a 0.9 GB download, 1.1 GB installed)" >&2
+  echo "installing torch $version's LibTorch from PyPI into $venv (a 545 MB download, 1.3 GB installed)" >&2
   pip_install "torch==$version" "${runtime[@]}"
   touch "$venv/installed"
 fi
