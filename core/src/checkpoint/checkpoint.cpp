@@ -93,7 +93,7 @@ Checkpoint Checkpoint::open(const DirectoryHandle& dir) {
   const fs::path& path = dir.path();
   ckpt.path_ = path;
   const fs::path index = path / "model.safetensors.index.json";
-  auto add = [&](const std::shared_ptr<SafetensorsFile>& file) {
+  auto add = [&](const std::shared_ptr<const TensorSource>& file) {
     for (const auto& info : file->tensors()) {
       auto [it, fresh] = ckpt.where_.emplace(info.name, file.get());
       if (!fresh) {
@@ -140,7 +140,17 @@ Checkpoint Checkpoint::open(const DirectoryHandle& dir) {
   return ckpt;
 }
 
-const SafetensorsFile& Checkpoint::file_of(const std::string& key) const {
+Checkpoint Checkpoint::of(std::shared_ptr<const TensorSource> source, const fs::path& path) {
+  Checkpoint ckpt;
+  ckpt.path_ = path;
+  for (const auto& info : source->tensors()) ckpt.where_.emplace(info.name, source.get());
+  for (const auto& [name, file] : ckpt.where_) ckpt.keys_.push_back(name);
+  std::sort(ckpt.keys_.begin(), ckpt.keys_.end(), natural_key_less);
+  ckpt.files_.push_back(std::move(source));
+  return ckpt;
+}
+
+const TensorSource& Checkpoint::file_of(const std::string& key) const {
   auto it = where_.find(key);
   if (it == where_.end()) throw CheckpointError(fmt::format("{}: no tensor named '{}'", path_.string(), key));
   return *it->second;

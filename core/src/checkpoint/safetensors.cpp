@@ -1,11 +1,6 @@
 // Safetensors reader (memory-mapped, fully validated) and atomic writer.
 #include "torchpatch/checkpoint/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
@@ -26,6 +21,7 @@
 #include "torchpatch/error.h"
 #include "torchpatch/json_file.h"
 #include "torchpatch/checkpoint/atomic_file.h"
+#include "checkpoint/mapped_file.h"
 
 namespace torchpatch::checkpoint {
 
@@ -113,31 +109,6 @@ namespace {
 
 CheckpointError file_error(const std::filesystem::path& path, const std::string& cause) {
   return CheckpointError(fmt::format("{}: {}", path.string(), cause));
-}
-
-// The whole file, mapped private and writable: pages are shared with the page cache until written,
-// and a write (say, a training step on a parameter loaded as a view) copies the page instead of
-// touching the file.
-std::pair<const uint8_t*, uint64_t> map_file(const std::filesystem::path& io, const std::filesystem::path& path) {
-  // Non-blocking: opening a FIFO would otherwise wait for a writer.
-  const int fd = ::open(io.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-  if (fd < 0) throw file_error(path, fmt::format("cannot open: {}", errno_text(errno)));
-  struct stat st {};
-  const int stat_err = ::fstat(fd, &st) != 0 ? errno : 0;
-  std::string refusal;
-  if (stat_err != 0) refusal = fmt::format("cannot stat: {}", errno_text(stat_err));
-  else if (!S_ISREG(st.st_mode)) refusal = S_ISDIR(st.st_mode) ? "a directory, not a regular file" : "not a regular file";
-  else if (st.st_size < 8) refusal = fmt::format("truncated: {} bytes, a safetensors file needs at least 8", st.st_size);
-  if (!refusal.empty()) {  // also rules out mapping an empty file
-    ::close(fd);
-    throw file_error(path, refusal);
-  }
-  const auto size = static_cast<uint64_t>(st.st_size);
-  void* map = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-  const int map_err = errno;
-  ::close(fd);  // the mapping stays valid without the descriptor
-  if (map == MAP_FAILED) throw file_error(path, fmt::format("cannot map: {}", errno_text(map_err)));
-  return {static_cast<const uint8_t*>(map), size};
 }
 
 // The length-prefixed JSON header; `data_start` receives where the data section begins.
@@ -269,7 +240,7 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::pa
   std::shared_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->path_ = path;
   // From here on the destructor unmaps, also when validation throws.
-  std::tie(file->data_, file->size_) = map_file(io, path);
+  std::tie(file->data_, file->size_) = map_file(io, path, 8, "safetensors file");
   uint64_t data_start = 0;
   const auto header = read_header(path, file->data_, file->size_, data_start);
   for (const auto& [name, value] : header.items()) {
@@ -285,7 +256,7 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::filesystem::pa
 }
 
 SafetensorsFile::~SafetensorsFile() {
-  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+  unmap_file(data_, size_);
 }
 
 const TensorInfo* SafetensorsFile::find(const std::string& name) const {

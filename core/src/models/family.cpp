@@ -1,5 +1,7 @@
 #include "torchpatch/models/family.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join
 
@@ -97,6 +99,27 @@ std::vector<std::string> FamilyRegistry::model_types() const {
   std::vector<std::string> types;
   for (const auto& [type, family] : families_) types.push_back(type);
   return types;
+}
+
+std::shared_ptr<const Family> FamilyRegistry::find_gguf(const std::string& arch) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [type, family] : families_) {
+    if (!family->gguf) continue;
+    for (const auto& name : family->gguf->names) {
+      if (name == arch) return family;
+    }
+  }
+  return nullptr;
+}
+
+std::vector<std::string> FamilyRegistry::gguf_architectures() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::string> names;
+  for (const auto& [type, family] : families_) {
+    if (family->gguf) names.insert(names.end(), family->gguf->names.begin(), family->gguf->names.end());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 std::shared_ptr<const Family> family_of(const std::string& model_type, const std::string& source,

@@ -40,6 +40,10 @@ Family family() {
         {"num_key_value_heads", 8}, {"max_position_embeddings", 8192}, {"rms_norm_eps", 1e-5},
         {"rope_theta", 500000.0}, {"bos_token_id", 128000}, {"eos_token_id", 128001}}},
   };
+  // llama.cpp's Llama converter permutes q and k rows for its interleaved RoPE; its Qwen ones do not.
+  family.gguf = GgufArchitecture{{"llama"},
+                                 [](const GgufMetadata& m) { return gguf_decoder_config(m, "llama", "LlamaForCausalLM"); },
+                                 gguf_decoder_tensor_names(/*permuted_qk=*/true)};
   return family;
 }
 

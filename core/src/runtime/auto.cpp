@@ -1,4 +1,5 @@
 #include "torchpatch/runtime/auto.h"
+#include "torchpatch/runtime/gguf_model.h"
 
 #include <atomic>
 #include <cmath>
@@ -184,23 +185,14 @@ void place(PretrainedModel& model, const PretrainedOptions& options) {
 }
 }  // namespace
 
-std::shared_ptr<PretrainedModel> from_pretrained(const std::filesystem::path& dir, const PretrainedOptions& options,
-                                                 checkpoint::LoadReport* report) {
-  check_device(options.device);
+namespace {
+
+// Builds the model `config` describes and loads `weights` into it, as from_pretrained does.
+std::shared_ptr<PretrainedModel> build_and_load(const ModelConfig& config, const checkpoint::Checkpoint& weights,
+                                                const PretrainedOptions& options, const std::string& source,
+                                                checkpoint::LoadReport* report) {
   const auto& registries = options.registries;
-  // Config and weights through one directory handle: its shared lock keeps a save from switching its
-  // files in between the two. The weights are memory-mapped, so the handle goes before the build.
-  const bool is_dir = std::filesystem::is_directory(dir);
-  const auto config_path = is_dir ? dir / "config.json" : dir;
-  std::optional<checkpoint::DirectoryHandle> handle;
-  if (is_dir) handle = checkpoint::DirectoryHandle::open(dir);
-  const auto config = with_overrides(
-      handle ? ModelConfig::from_file(handle->file("config.json"), &registries.families(), config_path.string())
-             : ModelConfig::from_file(dir, &registries.families()),
-      options.config_overrides, config_path.string() + " (with overrides)", registries);
-  const auto weights = handle ? checkpoint::Checkpoint::open(*handle) : checkpoint::Checkpoint::open(dir.parent_path());
-  handle.reset();
-  check_model_size(config, &weights, options, config_path.string());
+  check_model_size(config, &weights, options, source);
   std::optional<nn::GgufBlocksOnly> gpu_layout;  // quantized weights built and loaded as a GPU reads them
   if (!options.device.is_cpu()) gpu_layout.emplace();
   std::shared_ptr<PretrainedModel> model;
@@ -214,6 +206,39 @@ std::shared_ptr<PretrainedModel> from_pretrained(const std::filesystem::path& di
                                                options.copy_weights, options.progress});
   if (report) *report = std::move(result);
   return model;
+}
+
+// A GGUF file: its metadata read as config.json by the family of its architecture, its tensors as
+// the hub's.
+std::shared_ptr<PretrainedModel> from_gguf(const std::filesystem::path& file, const PretrainedOptions& options,
+                                           checkpoint::LoadReport* report) {
+  const auto& registries = options.registries;
+  const auto gguf = read_gguf_model(file, registries.families());
+  const auto config = with_overrides(ModelConfig::from_json(gguf.config, file.string(), &registries.families()),
+                                     options.config_overrides, file.string() + " (with overrides)", registries);
+  return build_and_load(config, checkpoint::Checkpoint::of(gguf.tensors, file), options, file.string(), report);
+}
+
+}  // namespace
+
+std::shared_ptr<PretrainedModel> from_pretrained(const std::filesystem::path& dir, const PretrainedOptions& options,
+                                                 checkpoint::LoadReport* report) {
+  check_device(options.device);
+  const auto& registries = options.registries;
+  if (const auto gguf = checkpoint::gguf_file_of(dir)) return from_gguf(*gguf, options, report);
+  // Config and weights through one directory handle: its shared lock keeps a save from switching its
+  // files in between the two. The weights are memory-mapped, so the handle goes before the build.
+  const bool is_dir = std::filesystem::is_directory(dir);
+  const auto config_path = is_dir ? dir / "config.json" : dir;
+  std::optional<checkpoint::DirectoryHandle> handle;
+  if (is_dir) handle = checkpoint::DirectoryHandle::open(dir);
+  const auto config = with_overrides(
+      handle ? ModelConfig::from_file(handle->file("config.json"), &registries.families(), config_path.string())
+             : ModelConfig::from_file(dir, &registries.families()),
+      options.config_overrides, config_path.string() + " (with overrides)", registries);
+  const auto weights = handle ? checkpoint::Checkpoint::open(*handle) : checkpoint::Checkpoint::open(dir.parent_path());
+  handle.reset();
+  return build_and_load(config, weights, options, config_path.string(), report);
 }
 
 namespace {

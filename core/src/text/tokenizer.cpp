@@ -62,7 +62,7 @@ struct Tokenizer::Impl {
 
   void read_padding(const nlohmann::json& padding, const Source& where);
   void read_added_tokens(const nlohmann::json& added_tokens, const Source& root);
-  void read_tokenizer_config(const std::filesystem::path& path);
+  void read_tokenizer_config(const nlohmann::json& c, const std::string& cfile);
 
   std::optional<int64_t> token_to_id(const std::string& token) const {
     if (const auto it = added_by_content.find(token); it != added_by_content.end()) return added[it->second].id;
@@ -318,9 +318,7 @@ void Tokenizer::Impl::read_padding(const nlohmann::json& padding, const Source& 
 
 // tokenizer_config.json: the bos/eos/pad tokens, padding_side, clean_up_tokenization_spaces, and add_bos_token /
 // add_eos_token, which set what encoding adds, as transformers' Llama tokenizers do.
-void Tokenizer::Impl::read_tokenizer_config(const std::filesystem::path& path) {
-  const std::string cfile = path.string();
-  const auto c = read_json_file(path, config_fail);
+void Tokenizer::Impl::read_tokenizer_config(const nlohmann::json& c, const std::string& cfile) {
   if (!c.is_object()) config_fail(fmt::format("{}: not a JSON object", cfile));
   const auto id_of = [&](const char* key) -> std::optional<int64_t> {
     const auto token = config_token(c, key, cfile);
@@ -354,7 +352,12 @@ void Tokenizer::Impl::read_tokenizer_config(const std::filesystem::path& path) {
   post = t.items.size() == 1 ? Template{} : std::move(t);
 }
 
+namespace detail {
+std::optional<std::filesystem::path> gguf_tokenizer_file(const std::filesystem::path& dir);  // gguf_vocab.cpp
+}
+
 Tokenizer Tokenizer::from_pretrained(const std::filesystem::path& dir) {
+  if (const auto gguf = detail::gguf_tokenizer_file(dir)) return from_gguf(*gguf);
   const auto json = dir / "tokenizer.json";
   if (!path_exists(json)) {
     throw ConfigError(fmt::format("{}: no tokenizer.json (a Hugging Face tokenizer directory holds tokenizer.json "
@@ -367,14 +370,21 @@ Tokenizer Tokenizer::from_pretrained(const std::filesystem::path& dir) {
 
 Tokenizer Tokenizer::from_file(const std::filesystem::path& tokenizer_json,
                                const std::optional<std::filesystem::path>& tokenizer_config) {
-  const std::string file = tokenizer_json.string();
   JsonLimits limits;
   limits.max_bytes = std::uint64_t{512} << 20;
   const auto j = read_json_file(tokenizer_json, config_fail, limits);
+  if (!tokenizer_config) return from_json(j, nullptr, tokenizer_json);
+  const auto c = read_json_file(*tokenizer_config, config_fail);
+  return from_json(j, &c, tokenizer_json, tokenizer_config->string());
+}
+
+Tokenizer Tokenizer::from_json(const nlohmann::json& j, const nlohmann::json* tokenizer_config,
+                               const std::filesystem::path& source, const std::string& config_source) {
+  const std::string file = source.string();
   const Source root{file, "tokenizer"};
   if (!j.is_object()) fail(root, "not a JSON object");
   auto impl = std::make_unique<Impl>();
-  impl->file = tokenizer_json;
+  impl->file = source;
 
   const auto model = j.find("model");
   if (model == j.end() || !model->is_object()) fail(root, "no 'model' object");
@@ -399,7 +409,7 @@ Tokenizer Tokenizer::from_file(const std::filesystem::path& tokenizer_json,
 
   if (const auto* added = stage("added_tokens")) impl->read_added_tokens(*added, root);
   if (const auto* padding = stage("padding")) impl->read_padding(*padding, root.at("padding"));
-  if (tokenizer_config) impl->read_tokenizer_config(*tokenizer_config);
+  if (tokenizer_config) impl->read_tokenizer_config(*tokenizer_config, config_source.empty() ? file : config_source);
   return Tokenizer(std::move(impl));
 }
 

@@ -41,15 +41,17 @@ class TORCHPATCH_API Checkpoint {
   static Checkpoint open(const std::filesystem::path& path);
   /// The same, reading every file through `dir`.
   static Checkpoint open(const DirectoryHandle& dir);
+  /// The tensors of `source` (a GGUF model's, say), opened from `path`.
+  static Checkpoint of(std::shared_ptr<const TensorSource> source, const std::filesystem::path& path);
 
   /// Every tensor name, in natural order.
   const std::vector<std::string>& keys() const { return keys_; }
   bool contains(const std::string& key) const { return where_.count(key) > 0; }
-  const SafetensorsFile& file_of(const std::string& key) const;
+  const TensorSource& file_of(const std::string& key) const;
   const TensorInfo& info(const std::string& key) const;
   /// The tensor, viewing the memory map where it can (see SafetensorsFile::tensor).
   at::Tensor tensor(const std::string& key) const;
-  const std::vector<std::shared_ptr<SafetensorsFile>>& files() const { return files_; }
+  const std::vector<std::shared_ptr<const TensorSource>>& files() const { return files_; }
   /// Whether `p` points into one of its files' mappings.
   bool maps(const void* p) const;
   /// The directory or file it was opened from.
@@ -57,8 +59,8 @@ class TORCHPATCH_API Checkpoint {
 
  private:
   std::filesystem::path path_;
-  std::vector<std::shared_ptr<SafetensorsFile>> files_;
-  std::map<std::string, const SafetensorsFile*> where_;
+  std::vector<std::shared_ptr<const TensorSource>> files_;
+  std::map<std::string, const TensorSource*> where_;
   std::vector<std::string> keys_;
 };
 

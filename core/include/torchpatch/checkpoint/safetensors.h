@@ -37,9 +37,28 @@ struct TORCHPATCH_API TensorInfo {
   uint64_t end = 0;    ///< one past the last byte
 };
 
+/// Where a checkpoint's tensors come from: a safetensors file, or a file of another format read as
+/// one (a GGUF model's tensors under their Hugging Face names).
+class TORCHPATCH_API TensorSource {
+ public:
+  virtual ~TensorSource() = default;
+  /// The file, for messages.
+  virtual const std::filesystem::path& path() const = 0;
+  /// Every tensor's entry; `begin` and `end` span its bytes in the file (their difference counts
+  /// toward the progress a load reports).
+  virtual const std::vector<TensorInfo>& tensors() const = 0;
+  /// nullptr when absent.
+  virtual const TensorInfo* find(const std::string& name) const = 0;
+  /// The named tensor, in the dtype and shape of its entry. Throws CheckpointError naming file and
+  /// tensor when absent.
+  virtual at::Tensor tensor(const std::string& name) const = 0;
+  /// Whether `p` points into the file's memory mapping (a view tensor() returned).
+  virtual bool maps(const void* p) const = 0;
+};
+
 /// A validated, memory-mapped safetensors file. Tensors returned by `tensor()` may view the mapping;
 /// they keep the file mapped for as long as they live.
-class TORCHPATCH_API SafetensorsFile : public std::enable_shared_from_this<SafetensorsFile> {
+class TORCHPATCH_API SafetensorsFile : public TensorSource, public std::enable_shared_from_this<SafetensorsFile> {
  public:
   /// Maps and validates `path`. Throws CheckpointError naming the file (and the tensor, where one is
   /// at fault) for: a file shorter than 8 bytes, a header length past the end of the file, a header
@@ -50,15 +69,15 @@ class TORCHPATCH_API SafetensorsFile : public std::enable_shared_from_this<Safet
   static std::shared_ptr<SafetensorsFile> open(const std::filesystem::path& path,
                                                const std::filesystem::path& display = {});
 
-  ~SafetensorsFile();
+  ~SafetensorsFile() override;
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
 
-  const std::filesystem::path& path() const { return path_; }
+  const std::filesystem::path& path() const override { return path_; }
   /// Entries in ascending offset order.
-  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const std::vector<TensorInfo>& tensors() const override { return tensors_; }
   /// nullptr when absent.
-  const TensorInfo* find(const std::string& name) const;
+  const TensorInfo* find(const std::string& name) const override;
   /// The `__metadata__` string map (empty when absent).
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
@@ -66,9 +85,9 @@ class TORCHPATCH_API SafetensorsFile : public std::enable_shared_from_this<Safet
   /// suitably aligned, else a copy. Throws CheckpointError naming file and tensor when absent.
   /// Views are copy-on-write (writing to them never changes the file), but the file must not be
   /// rewritten in place or truncated while they live: replace it by rename, as save_safetensors does.
-  at::Tensor tensor(const std::string& name) const;
+  at::Tensor tensor(const std::string& name) const override;
   /// Whether `p` points into this file's mapping (a view tensor() returned).
-  bool maps(const void* p) const {
+  bool maps(const void* p) const override {
     const auto* byte = static_cast<const uint8_t*>(p);
     return byte >= data_ && byte < data_ + size_;
   }

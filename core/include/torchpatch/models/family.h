@@ -20,6 +20,7 @@
 #include "torchpatch/checkpoint/conversion.h"
 #include "torchpatch/models/config.h"
 #include "torchpatch/models/decoder_spec.h"
+#include "torchpatch/models/gguf_architecture.h"
 #include "torchpatch/nn/attention.h"
 #include "torchpatch/models/pretrained.h"
 #include "torchpatch/patching/class_table.h"
@@ -83,6 +84,8 @@ struct TORCHPATCH_API Family {
   /// How its q/k-norm attention normalises (null: per head, the config's rms_norm_eps): Gemma 3 adds
   /// Gemma's unit offset. What a replacement of that attention (a split one) starts from.
   std::function<nn::QkNormOptions(const ModelConfig&)> qk_norm_options;
+  /// How llama.cpp's GGUF files of the family read (none: it reads none).
+  std::optional<GgufArchitecture> gguf;
   /// Where the family came from: builtin or a plugin.
   Origin origin;
 };
@@ -126,6 +129,10 @@ class TORCHPATCH_API FamilyRegistry {
   std::vector<std::shared_ptr<const Family>> all() const;
   /// Their model types ("llama", ...).
   std::vector<std::string> model_types() const;
+  /// The family that reads GGUF files of `general.architecture` `arch`, or nullptr.
+  std::shared_ptr<const Family> find_gguf(const std::string& arch) const;
+  /// The general.architecture values families read ("llama", ...).
+  std::vector<std::string> gguf_architectures() const;
 
  private:
   ClassTable& classes_;

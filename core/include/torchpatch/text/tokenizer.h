@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace torchpatch::text {
 
 /// One encoded text.
@@ -40,11 +42,21 @@ struct TORCHPATCH_API PaddedBatch {
 /// InputError naming the byte offset (Python strings, what Hugging Face encodes, cannot hold it).
 class TORCHPATCH_API Tokenizer {
  public:
-  /// dir/tokenizer.json, and dir/tokenizer_config.json when present.
+  /// dir/tokenizer.json, and dir/tokenizer_config.json when present; or, for a .gguf file or a
+  /// directory holding one and no tokenizer.json, the GGUF file's tokenizer (from_gguf).
   static Tokenizer from_pretrained(const std::filesystem::path& dir);
   /// A tokenizer.json file, with an optional tokenizer_config.json.
   static Tokenizer from_file(const std::filesystem::path& tokenizer_json,
                             const std::optional<std::filesystem::path>& tokenizer_config = std::nullopt);
+
+  /// A tokenizer.json already parsed, with a tokenizer_config.json's object when given; `source`
+  /// (and `config_source`) name them in messages.
+  static Tokenizer from_json(const nlohmann::json& tokenizer, const nlohmann::json* tokenizer_config,
+                             const std::filesystem::path& source, const std::string& config_source = {});
+  /// The tokenizer a GGUF file carries (tokenizer.ggml.*): the tokenizer.json llama.cpp's converter
+  /// read, rebuilt (text/gguf_vocab.cpp). ConfigError naming the file and key for a vocabulary kind or
+  /// pre-tokenizer torchpatch does not know.
+  static Tokenizer from_gguf(const std::filesystem::path& file);
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;

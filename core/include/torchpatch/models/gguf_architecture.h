@@ -1,0 +1,83 @@
+// How a family reads llama.cpp's GGUF files: which `general.architecture` it answers to, how the
+// file's hyperparameters become its config.json, and how llama.cpp's tensor names become Hugging
+// Face's. Each family registers its own (Family::gguf); the shared decoder part is here.
+#pragma once
+
+#include "torchpatch/export.h"
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "torchpatch/checkpoint/gguf.h"
+
+namespace torchpatch {
+
+/// Typed reads of a GGUF file's metadata; every failure is a ConfigError naming the file and key.
+/// Keys without a dot are the architecture's own (`block_count` reads `llama.block_count`).
+class TORCHPATCH_API GgufMetadata {
+ public:
+  explicit GgufMetadata(const checkpoint::GgufFile& file);
+  const checkpoint::GgufFile& file() const { return file_; }
+  /// general.architecture.
+  const std::string& architecture() const { return arch_; }
+  /// The full key of `key` (the architecture's prefix added to a key without a dot).
+  std::string full(const std::string& key) const;
+  bool has(const std::string& key) const;
+  int64_t integer(const std::string& key) const;
+  std::optional<int64_t> integer_or(const std::string& key) const;
+  double number(const std::string& key) const;
+  std::optional<double> number_or(const std::string& key) const;
+  std::optional<std::string> text_or(const std::string& key) const;
+  std::optional<bool> boolean_or(const std::string& key) const;
+  /// A ConfigError "FILE: metadata 'KEY': CAUSE".
+  [[noreturn]] void fail(const std::string& key, const std::string& cause) const;
+
+ private:
+  const checkpoint::GgufValue* value(const std::string& key) const;
+  const checkpoint::GgufFile& file_;
+  std::string arch_;
+};
+
+/// How one GGUF tensor becomes a Hugging Face one.
+enum class GgufTensorTransform {
+  kNone,
+  /// llama.cpp's Llama converter permutes the rows of q_proj (by num_attention_heads) and k_proj (by
+  /// num_key_value_heads) from Hugging Face's rotate-half order to interleaved pairs; loading undoes it.
+  kUnpermuteQ,
+  kUnpermuteK,
+};
+
+/// One naming rule: `gguf` and `hub` are names where `{}` stands for the layer number.
+struct TORCHPATCH_API GgufTensorName {
+  std::string gguf;  ///< e.g. "blk.{}.attn_q.weight"
+  std::string hub;   ///< e.g. "model.layers.{}.self_attn.q_proj.weight"
+  GgufTensorTransform transform = GgufTensorTransform::kNone;
+};
+
+struct TORCHPATCH_API GgufArchitecture {
+  /// The general.architecture values the family reads (llama.cpp writes Mistral's as "llama").
+  std::vector<std::string> names;
+  /// config.json from the metadata (gguf_decoder_config reads the keys every decoder has).
+  std::function<nlohmann::json(const GgufMetadata&)> config;
+  /// Tensor names, llama.cpp's to Hugging Face's (gguf_decoder_tensor_names for the usual ones).
+  std::vector<GgufTensorName> tensors;
+};
+
+/// config.json of a decoder from the keys llama.cpp writes for every one: embedding_length,
+/// feed_forward_length, block_count, attention.head_count(_kv), context_length,
+/// attention.layer_norm_rms_epsilon, rope.freq_base, attention.key_length, the vocabulary's size
+/// and special tokens; `tie_word_embeddings` when the file has no output.weight.
+TORCHPATCH_API nlohmann::json gguf_decoder_config(const GgufMetadata& metadata, const std::string& model_type,
+                                                  const std::string& causal_lm);
+
+/// llama.cpp's names of the usual decoder's tensors (embeddings, norms, q/k/v/o with biases and q/k
+/// norms, gate/up/down), Hugging Face's Llama layout; `permuted_qk` marks q and k as permuted.
+TORCHPATCH_API std::vector<GgufTensorName> gguf_decoder_tensor_names(bool permuted_qk);
+
+}  // namespace torchpatch

@@ -1,0 +1,160 @@
+// The GGUF keys and tensor names every llama.cpp decoder shares.
+#include "torchpatch/models/gguf_architecture.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "torchpatch/error.h"
+#include "torchpatch/printable.h"
+
+namespace torchpatch {
+
+using checkpoint::GgufType;
+using checkpoint::GgufValue;
+
+GgufMetadata::GgufMetadata(const checkpoint::GgufFile& file) : file_(file) {
+  const auto* arch = file.find_value("general.architecture");
+  if (arch == nullptr) fail("general.architecture", "missing: the file does not say which model it holds");
+  if (arch->type != GgufType::STRING) fail("general.architecture", fmt::format("a {}, not a STRING", gguf_type_name(arch->type)));
+  arch_ = arch->text;
+}
+
+std::string GgufMetadata::full(const std::string& key) const {
+  return key.find('.') == std::string::npos || key.rfind("general.", 0) != 0 && key.rfind("tokenizer.", 0) != 0 &&
+                                                   key.rfind(arch_ + ".", 0) != 0
+             ? arch_ + "." + key
+             : key;
+}
+
+void GgufMetadata::fail(const std::string& key, const std::string& cause) const {
+  throw ConfigError(fmt::format("{}: metadata '{}': {}", file_.path().string(), printable(key), cause));
+}
+
+const GgufValue* GgufMetadata::value(const std::string& key) const { return file_.find_value(full(key)); }
+
+bool GgufMetadata::has(const std::string& key) const { return value(key) != nullptr; }
+
+std::optional<int64_t> GgufMetadata::integer_or(const std::string& key) const {
+  const auto* v = value(key);
+  if (v == nullptr) return std::nullopt;
+  if (v->type == GgufType::ARRAY) {
+    fail(full(key), "an array (a value per layer), which torchpatch reads only where the family's config has one");
+  }
+  const auto i = v->as_int();
+  if (!i) fail(full(key), fmt::format("a {}, not an integer that fits in 63 bits", gguf_type_name(v->type)));
+  return i;
+}
+
+int64_t GgufMetadata::integer(const std::string& key) const {
+  const auto i = integer_or(key);
+  if (!i) fail(full(key), "missing");
+  return *i;
+}
+
+std::optional<double> GgufMetadata::number_or(const std::string& key) const {
+  const auto* v = value(key);
+  if (v == nullptr) return std::nullopt;
+  const auto n = v->as_number();
+  if (!n || !std::isfinite(*n)) fail(full(key), fmt::format("a {}, not a finite number", gguf_type_name(v->type)));
+  return n;
+}
+
+double GgufMetadata::number(const std::string& key) const {
+  const auto n = number_or(key);
+  if (!n) fail(full(key), "missing");
+  return *n;
+}
+
+std::optional<std::string> GgufMetadata::text_or(const std::string& key) const {
+  const auto* v = value(key);
+  if (v == nullptr) return std::nullopt;
+  if (v->type != GgufType::STRING) fail(full(key), fmt::format("a {}, not a STRING", gguf_type_name(v->type)));
+  return v->text;
+}
+
+std::optional<bool> GgufMetadata::boolean_or(const std::string& key) const {
+  const auto* v = value(key);
+  if (v == nullptr) return std::nullopt;
+  if (v->type != GgufType::BOOL) fail(full(key), fmt::format("a {}, not a BOOL", gguf_type_name(v->type)));
+  return v->boolean;
+}
+
+namespace {
+
+// The vocabulary's size: the architecture's vocab_size, else the tokenizer's token count, else the
+// embedding's rows.
+int64_t vocab_size(const GgufMetadata& m) {
+  if (const auto n = m.integer_or("vocab_size")) return *n;
+  if (const auto* tokens = m.file().find_value("tokenizer.ggml.tokens"); tokens && tokens->type == GgufType::ARRAY) {
+    return static_cast<int64_t>(tokens->array.size());
+  }
+  if (const auto* embed = m.file().find("token_embd.weight"); embed && embed->dims.size() == 2) return embed->dims[1];
+  m.fail(m.full("vocab_size"), "missing, and the file has neither tokenizer.ggml.tokens nor token_embd.weight");
+}
+
+}  // namespace
+
+nlohmann::json gguf_decoder_config(const GgufMetadata& m, const std::string& model_type, const std::string& causal_lm) {
+  nlohmann::json c{{"architectures", {causal_lm}},
+                   {"model_type", model_type},
+                   {"vocab_size", vocab_size(m)},
+                   {"hidden_size", m.integer("embedding_length")},
+                   {"intermediate_size", m.integer("feed_forward_length")},
+                   {"num_hidden_layers", m.integer("block_count")},
+                   {"num_attention_heads", m.integer("attention.head_count")},
+                   {"max_position_embeddings", m.integer("context_length")},
+                   {"rms_norm_eps", m.number("attention.layer_norm_rms_epsilon")},
+                   {"rope_theta", m.number_or("rope.freq_base").value_or(10000.0)},
+                   {"tie_word_embeddings", m.file().find("output.weight") == nullptr},
+                   {"hidden_act", "silu"}};
+  c["num_key_value_heads"] = m.integer_or("attention.head_count_kv").value_or(c["num_attention_heads"].get<int64_t>());
+  const auto heads = c["num_attention_heads"].get<int64_t>();
+  if (const auto key_length = m.integer_or("attention.key_length")) {
+    if (heads > 0 && *key_length != c["hidden_size"].get<int64_t>() / heads) c["head_dim"] = *key_length;
+  }
+  if (const auto scaling = m.text_or("rope.scaling.type"); scaling && *scaling != "none") {
+    if (*scaling != "linear") {
+      m.fail(m.full("rope.scaling.type"), fmt::format("'{}' RoPE scaling is not read from GGUF files yet (linear is)", *scaling));
+    }
+    c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", m.number("rope.scaling.factor")}};
+  }
+  if (m.file().find("rope_freqs.weight") != nullptr) {
+    m.fail("rope_freqs.weight", "the file scales its RoPE frequencies by a tensor (Llama 3.1's rope_type 'llama3'), "
+                                "which torchpatch does not read from GGUF files yet");
+  }
+  for (const auto& [key, field] : {std::pair{"tokenizer.ggml.bos_token_id", "bos_token_id"},
+                                   std::pair{"tokenizer.ggml.eos_token_id", "eos_token_id"},
+                                   std::pair{"tokenizer.ggml.padding_token_id", "pad_token_id"}}) {
+    if (const auto id = m.integer_or(key)) c[field] = *id;
+  }
+  return c;
+}
+
+std::vector<GgufTensorName> gguf_decoder_tensor_names(bool permuted_qk) {
+  using T = GgufTensorTransform;
+  const auto q = permuted_qk ? T::kUnpermuteQ : T::kNone;
+  const auto k = permuted_qk ? T::kUnpermuteK : T::kNone;
+  return {
+      {"token_embd.weight", "model.embed_tokens.weight"},
+      {"output_norm.weight", "model.norm.weight"},
+      {"output.weight", "lm_head.weight"},
+      {"blk.{}.attn_norm.weight", "model.layers.{}.input_layernorm.weight"},
+      {"blk.{}.attn_q.weight", "model.layers.{}.self_attn.q_proj.weight", q},
+      {"blk.{}.attn_q.bias", "model.layers.{}.self_attn.q_proj.bias", q},
+      {"blk.{}.attn_k.weight", "model.layers.{}.self_attn.k_proj.weight", k},
+      {"blk.{}.attn_k.bias", "model.layers.{}.self_attn.k_proj.bias", k},
+      {"blk.{}.attn_v.weight", "model.layers.{}.self_attn.v_proj.weight"},
+      {"blk.{}.attn_v.bias", "model.layers.{}.self_attn.v_proj.bias"},
+      {"blk.{}.attn_output.weight", "model.layers.{}.self_attn.o_proj.weight"},
+      {"blk.{}.attn_output.bias", "model.layers.{}.self_attn.o_proj.bias"},
+      {"blk.{}.attn_q_norm.weight", "model.layers.{}.self_attn.q_norm.weight"},
+      {"blk.{}.attn_k_norm.weight", "model.layers.{}.self_attn.k_norm.weight"},
+      {"blk.{}.ffn_norm.weight", "model.layers.{}.post_attention_layernorm.weight"},
+      {"blk.{}.ffn_gate.weight", "model.layers.{}.mlp.gate_proj.weight"},
+      {"blk.{}.ffn_up.weight", "model.layers.{}.mlp.up_proj.weight"},
+      {"blk.{}.ffn_down.weight", "model.layers.{}.mlp.down_proj.weight"},
+  };
+}
+
+}  // namespace torchpatch

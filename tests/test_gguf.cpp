@@ -1,0 +1,233 @@
+// GGUF files: every metadata type and block format against files and values made by the `gguf`
+// package (tests/data/gguf*/make_*.py), hostile files refused with the field named, and the
+// writer read back byte for byte.
+#include "test_prelude.h"
+#include "test_util.h"
+#include "cli_util.h"
+
+#include <cstring>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "torchpatch/checkpoint/gguf.h"
+#include "torchpatch/checkpoint/safetensors.h"
+#include "torchpatch/error.h"
+
+using namespace torchpatch;
+using namespace torchpatch::checkpoint;
+using Catch::Matchers::Contains;
+
+namespace {
+
+std::filesystem::path gguf_data(const std::string& name) { return testutil::data_dir() / "gguf" / name; }
+
+nlohmann::json read_json(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+// Builds GGUF bytes field by field, hostile ones included.
+struct GgufBytes {
+  std::vector<uint8_t> bytes;
+  template <class T>
+  GgufBytes& put(T v) {
+    const auto* p = reinterpret_cast<const uint8_t*>(&v);
+    bytes.insert(bytes.end(), p, p + sizeof(T));
+    return *this;
+  }
+  GgufBytes& str(const std::string& s) {
+    put<uint64_t>(s.size());
+    bytes.insert(bytes.end(), s.begin(), s.end());
+    return *this;
+  }
+  GgufBytes& header(uint32_t version, uint64_t tensors, uint64_t values) {
+    bytes.insert(bytes.end(), {'G', 'G', 'U', 'F'});
+    return put(version).put(tensors).put(values);
+  }
+  GgufBytes& kv_u32(const std::string& key, uint32_t v) { return str(key).put<uint32_t>(4).put(v); }
+  // A tensor entry of `dims` (GGUF order) and `type` at `offset`.
+  GgufBytes& tensor(const std::string& name, std::vector<uint64_t> dims, uint32_t type, uint64_t offset) {
+    str(name).put<uint32_t>(dims.size());
+    for (const auto d : dims) put(d);
+    return put(type).put(offset);
+  }
+  GgufBytes& pad(size_t alignment = 32) {
+    bytes.resize((bytes.size() + alignment - 1) / alignment * alignment, 0);
+    return *this;
+  }
+  GgufBytes& zeros(size_t n) {
+    bytes.resize(bytes.size() + n, 0);
+    return *this;
+  }
+  std::filesystem::path write(const std::string& name) const {
+    const auto path = testutil::temp_file(name + ".gguf");
+    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    return path;
+  }
+};
+
+#define REQUIRE_GGUF_ERROR(path, text)                                                       \
+  do {                                                                                       \
+    const auto file_ = (path);                                                               \
+    INFO("file " << file_.string());                                                         \
+    REQUIRE_THROWS_WITH(GgufFile::open(file_), Contains(file_.string()) && Contains(text)); \
+    std::filesystem::remove(file_);                                                          \
+  } while (false)
+
+}  // namespace
+
+TEST_CASE("GGUF: every block format dequantizes bit for bit as the gguf package does", "[gguf][quant]") {
+  const auto ref = SafetensorsFile::open(testutil::data_dir() / "gguf_blocks" / "blocks.safetensors");
+  const auto manifest = read_json(testutil::data_dir() / "gguf_blocks" / "manifest.json");
+  int formats = 0;
+  for (const auto& [name, info] : manifest["types"].items()) {
+    const auto* type = ggml_type_named(name);
+    REQUIRE(type != nullptr);
+    CHECK(type->block_size == info["block_size"].get<int64_t>());
+    CHECK(type->type_size == info["type_size"].get<int64_t>());
+    const auto blocks = ref->tensor(name + ".blocks").contiguous();
+    const auto expected = ref->tensor(name + ".values").contiguous();
+    auto values = at::empty_like(expected);
+    dequantize_ggml(type->type, blocks.data_ptr<uint8_t>(), expected.numel(), values.data_ptr<float>());
+    const bool same = std::memcmp(values.data_ptr(), expected.data_ptr(), expected.nbytes()) == 0;
+    std::cout << name << ": " << blocks.size(0) << " blocks, max abs diff = "
+              << (values - expected).abs().max().item<double>() << (same ? " (bit for bit)" : " (BITS DIFFER)") << "\n";
+    CHECK(same);
+    ++formats;
+  }
+  CHECK(formats == 12);  // F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K
+}
+
+TEST_CASE("GGUF: versions 2 and 3 read every metadata type and tensor the gguf package wrote", "[gguf]") {
+  const auto expected = read_json(gguf_data("all_types_v3.json"));
+  for (const auto* name : {"all_types_v3.gguf", "all_types_v2.gguf"}) {
+    INFO(name);
+    const auto file = GgufFile::open(gguf_data(name));
+    CHECK(file->version() == (std::string(name).find("v2") != std::string::npos ? 2u : 3u));
+    REQUIRE(file->metadata().size() == expected["metadata"].size());
+    size_t i = 0;
+    const std::function<void(const GgufValue&, const nlohmann::json&, const std::string&)> same =
+        [&](const GgufValue& v, const nlohmann::json& e, const std::string& type) {
+          CHECK(std::string(gguf_type_name(v.type)) == type);
+          if (type == "ARRAY") {
+            REQUIRE(v.array.size() == e.size());
+            return;
+          }
+          if (type == "STRING") CHECK(v.text == e.get<std::string>());
+          else if (type == "BOOL") CHECK(v.boolean == e.get<bool>());
+          else if (type == "FLOAT32" || type == "FLOAT64") CHECK(v.real == e.get<double>());
+          else if (v.is_signed()) CHECK(static_cast<int64_t>(v.integer) == e.get<int64_t>());
+          else CHECK(v.integer == e.get<uint64_t>());
+        };
+    for (const auto& entry : expected["metadata"]) {
+      const auto& [key, value] = file->metadata()[i++];
+      INFO("key " << key);
+      CHECK(key == entry["key"].get<std::string>());
+      same(value, entry["value"], entry["type"].get<std::string>());
+      if (entry["type"] == "ARRAY" && entry.contains("element_type") && entry["element_type"] != "ARRAY") {
+        CHECK(std::string(gguf_type_name(value.element_type)) == entry["element_type"].get<std::string>());
+        for (size_t k = 0; k < value.array.size(); ++k) same(value.array[k], entry["value"][k], entry["element_type"]);
+      }
+    }
+    REQUIRE(file->tensors().size() == expected["tensors"].size());
+    for (const auto& t : expected["tensors"]) {
+      const auto name_t = t["name"].get<std::string>();
+      INFO("tensor " << name_t);
+      const auto* info = file->find(name_t);
+      REQUIRE(info != nullptr);
+      CHECK(std::string(ggml_type_info(info->type).name) == t["type"].get<std::string>());
+      CHECK(info->shape() == t["shape_torch"].get<std::vector<int64_t>>());
+      const auto values = file->tensor(name_t).flatten();
+      const auto want = t["values"].get<std::vector<float>>();
+      REQUIRE(values.numel() == static_cast<int64_t>(want.size()));
+      CHECK(std::memcmp(values.data_ptr<float>(), want.data(), want.size() * 4) == 0);
+    }
+  }
+}
+
+TEST_CASE("GGUF: save_gguf writes what reads back byte for byte", "[gguf]") {
+  const auto original = GgufFile::open(gguf_data("all_types_v3_flat.gguf"));
+  std::vector<GgufTensorToWrite> tensors;
+  for (const auto& t : original->tensors()) {
+    auto shape = t.shape();
+    tensors.push_back({t.name, t.type, shape, original->raw(t.name)});
+  }
+  const auto copy_path = testutil::temp_file("copy.gguf");
+  save_gguf(copy_path, original->metadata(), tensors);
+  const auto copy = GgufFile::open(copy_path);
+  REQUIRE(copy->metadata().size() == original->metadata().size());
+  for (const auto& t : original->tensors()) {
+    CHECK(at::equal(copy->raw(t.name), original->raw(t.name)));
+  }
+  // The gguf package writes the same layout: the files are identical.
+  std::ifstream a(gguf_data("all_types_v3_flat.gguf"), std::ios::binary), b(copy_path, std::ios::binary);
+  const std::string bytes_a((std::istreambuf_iterator<char>(a)), {}), bytes_b((std::istreambuf_iterator<char>(b)), {});
+  CHECK(bytes_a == bytes_b);
+  std::filesystem::remove(copy_path);
+}
+
+TEST_CASE("GGUF: every truncation of a file is refused with the file named, never read past its end", "[gguf][hardening]") {
+  std::ifstream in(gguf_data("all_types_v3.gguf"), std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  // The file ends in padding after its last tensor: every cut before that tensor's end must be refused.
+  uint64_t data_end = 0;
+  for (const auto& t : GgufFile::open(gguf_data("all_types_v3.gguf"))->tensors()) data_end = std::max(data_end, t.end);
+  REQUIRE(data_end <= bytes.size());
+  const auto path = testutil::temp_file("truncated.gguf");
+  int refused = 0;
+  for (size_t n = 0; n < data_end; n += (n < 200 ? 1 : 7)) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(n));
+    try {
+      GgufFile::open(path);
+      FAIL("a file cut at byte " << n << " of " << bytes.size() << " was read");
+    } catch (const CheckpointError& e) {
+      CHECK_THAT(e.what(), Contains(path.string()));
+      ++refused;
+    }
+  }
+  std::filesystem::remove(path);
+  CHECK(refused > 200);
+}
+
+TEST_CASE("GGUF: hostile headers are refused naming the field and the cause", "[gguf][hardening]") {
+  auto not_gguf = GgufBytes().header(3, 0, 0);
+  not_gguf.bytes[0] = 'X';
+  REQUIRE_GGUF_ERROR(not_gguf.write("magic"), "not a GGUF file");
+  REQUIRE_GGUF_ERROR(GgufBytes().header(1, 0, 0).write("v1"), "GGUF version 1");
+  REQUIRE_GGUF_ERROR(GgufBytes().header(4, 0, 0).write("v4"), "GGUF version 4");
+  REQUIRE_GGUF_ERROR(GgufBytes().header(3, uint64_t{1} << 60, 0).write("count"), "the tensor count is 1152921504606846976");
+  REQUIRE_GGUF_ERROR(GgufBytes().header(3, 0, 1).str("k").put<uint32_t>(8).put<uint64_t>(~uint64_t{0}).write("string"),
+                     "metadata 'k': a string of 18446744073709551615 bytes");
+  REQUIRE_GGUF_ERROR(GgufBytes().header(3, 0, 1).str("k").put<uint32_t>(13).write("type"), "unknown value type 13");
+  REQUIRE_GGUF_ERROR(GgufBytes().header(3, 0, 1).str("k").put<uint32_t>(9).put<uint32_t>(4).put<uint64_t>(1000000).write("array"),
+                     "the array's length is 1000000");
+  REQUIRE_GGUF_ERROR(GgufBytes().header(3, 0, 2).kv_u32("k", 1).kv_u32("k", 2).write("duplicate"), "metadata 'k': the key is given twice");
+  REQUIRE_GGUF_ERROR(GgufBytes().header(3, 0, 1).str("b").put<uint32_t>(7).put<uint8_t>(2).write("bool"), "a BOOL holds 2");
+  REQUIRE_GGUF_ERROR(GgufBytes().header(3, 0, 1).kv_u32("general.alignment", 24).write("alignment"),
+                     "'general.alignment' must be a UINT32 power of two");
+  // Arrays of arrays nested past any writer's use.
+  auto nested = GgufBytes().header(3, 0, 1).str("n").put<uint32_t>(9);
+  for (int i = 0; i < 8; ++i) nested.put<uint32_t>(9).put<uint64_t>(1);
+  REQUIRE_GGUF_ERROR(nested.write("nested"), "arrays nested more than 4 deep");
+}
+
+TEST_CASE("GGUF: lying tensor entries are refused naming the tensor", "[gguf][hardening]") {
+  const auto one = [](std::vector<uint64_t> dims, uint32_t type, uint64_t offset, size_t data) {
+    return GgufBytes().header(3, 1, 0).tensor("w", std::move(dims), type, offset).pad().zeros(data);
+  };
+  REQUIRE_GGUF_ERROR(one({32, 2}, 8, 0, 40).write("short"), "tensor 'w' (Q8_0 [32, 2]): its 68 bytes at offset 0 run past");
+  REQUIRE_GGUF_ERROR(one({32, 1}, 8, 16, 64).write("misaligned"), "offset 16 is not a multiple of the alignment 32");
+  REQUIRE_GGUF_ERROR(one({33}, 8, 0, 64).write("partial"), "first dimension 33 is not a multiple of Q8_0's block of 32");
+  REQUIRE_GGUF_ERROR(one({32}, 20, 0, 64).write("iq4"), "GGML type 20 is not one torchpatch reads");
+  REQUIRE_GGUF_ERROR(one({1, 1, 1, 1, 1}, 0, 0, 64).write("dims"), "5 dimensions (GGUF allows 1 to 4)");
+  REQUIRE_GGUF_ERROR(one({uint64_t{1} << 40, uint64_t{1} << 40}, 0, 0, 64).write("huge"), "multiply past 2^63");
+  REQUIRE_GGUF_ERROR(GgufBytes().header(3, 2, 0).tensor("a", {16}, 0, 0).tensor("b", {16}, 0, 32).pad().zeros(128).write("overlap"),
+                     "tensor 'b': data [32, 96) overlaps tensor 'a' at [0, 64)");
+  REQUIRE_GGUF_ERROR(GgufBytes().header(3, 2, 0).tensor("a", {8}, 0, 0).tensor("a", {8}, 0, 32).pad().zeros(64).write("twice"),
+                     "tensor 'a': the name is given twice");
+  // A well-formed one reads: the entries above differ from it in one field each.
+  const auto fine = one({32, 2}, 8, 0, 68).write("fine");
+  CHECK(GgufFile::open(fine)->raw("w").sizes() == at::IntArrayRef({2, 34}));
+  std::filesystem::remove(fine);
+}
