@@ -13,6 +13,9 @@
 #include "torchpatch/checkpoint/gguf.h"
 #include "torchpatch/checkpoint/safetensors.h"
 #include "torchpatch/error.h"
+#include "torchpatch/models/pretrained.h"
+#include "torchpatch/runtime/auto.h"
+#include "torchpatch/text/tokenizer.h"
 
 using namespace torchpatch;
 using namespace torchpatch::checkpoint;
@@ -230,4 +233,38 @@ TEST_CASE("GGUF: lying tensor entries are refused naming the tensor", "[gguf][ha
   const auto fine = one({32, 2}, 8, 0, 68).write("fine");
   CHECK(GgufFile::open(fine)->raw("w").sizes() == at::IntArrayRef({2, 34}));
   std::filesystem::remove(fine);
+}
+
+TEST_CASE("GGUF: a Llama written as llama.cpp writes one loads as the checkpoint it came from", "[gguf][reference]") {
+  // llama_basic.gguf: tests/data/llama_basic by the gguf package, q/k rows permuted (make_llama_basic_gguf.py).
+  const auto from_gguf = from_pretrained(gguf_data("llama_basic.gguf"));
+  const auto from_hub = from_pretrained(testutil::data_dir() / "llama_basic");
+  CHECK(from_gguf->class_name() == "LlamaForCausalLM");
+  CHECK(from_gguf->config().to_json()["num_key_value_heads"] == 2);
+  const auto hub = from_hub->named_parameters();
+  for (const auto& p : from_gguf->named_parameters()) {
+    INFO(p.key());
+    CHECK(at::equal(p.value(), hub[p.key()]));
+  }
+  at::NoGradGuard no_grad;
+  ModelInputs in;
+  in.input_ids = at::arange(3, 15, at::kLong).unsqueeze(0);
+  CHECK(testutil::close("llama_basic.gguf logits", from_gguf->forward(in).logits, from_hub->forward(in).logits, {}, 0, 0));
+  // Its tokenizer: byte-level BPE with the file's merges ("Ġthe" is one token), no BOS added.
+  const auto tokenizer = text::Tokenizer::from_pretrained(gguf_data("llama_basic.gguf"));
+  const auto ids = tokenizer.encode("the theater").ids;
+  CHECK(tokenizer.decode(ids) == "the theater");
+  const auto the = tokenizer.token_to_id("Ġthe");
+  REQUIRE(the.has_value());
+  CHECK(std::count(ids.begin(), ids.end(), *the) == 1);
+  CHECK(tokenizer.bos_token_id() == 1);
+}
+
+TEST_CASE("GGUF: a file no family reads is refused naming its architecture and those that are read", "[gguf]") {
+  REQUIRE_THROWS_WITH(from_pretrained(gguf_data("all_types_v3.gguf")),
+                      Contains("general.architecture 'test' is not one torchpatch reads from GGUF files (it reads: "
+                               "llama, qwen2, qwen3)"));
+  const auto r = testutil::torchpatch_cli("run --model " + gguf_data("all_types_v3.gguf").string() + " --prompt-ids 1,2");
+  CHECK(r.code != 0);
+  CHECK_THAT(r.out, Contains("general.architecture 'test'") && !Contains("Exception raised from"));
 }

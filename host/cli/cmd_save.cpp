@@ -4,11 +4,14 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "torchpatch/checkpoint/gguf.h"
+#include "torchpatch/text/tokenizer.h"
 #include "commands.h"
 #include "launch.h"
 #include "progress.h"
 #include "session.h"
 #include "torchpatch/checkpoint/load.h"
+#include "torchpatch/error.h"
 #include "torchpatch/printable.h"
 
 namespace torchpatch::cli {
@@ -44,7 +47,16 @@ int cmd_save(const std::vector<std::string>& argv) {
     checkpoint::hub_state_dict(*built.model, *options.conversions, !options.dequantize);
     return 0;
   }
-  if (args.has("model")) options.companions_from = args.value("model");  // the tokenizer travels with the weights
+  if (args.has("model")) {  // the tokenizer travels with the weights
+    options.companions_from = args.value("model");
+    if (const auto gguf = checkpoint::gguf_file_of(args.value("model"))) {
+      try {
+        options.companion_texts = text::Tokenizer::gguf_tokenizer_files(*gguf);
+      } catch (const ConfigError& e) {
+        std::cerr << "note: the weights are saved without a tokenizer: " << e.what() << "\n";
+      }
+    }
+  }
   checkpoint::SaveReport report;
   {
     StageProgress progress("saving to " + printable(args.value("output")), shows_progress(args), progress_after(args));

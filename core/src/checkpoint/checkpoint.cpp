@@ -35,7 +35,7 @@ std::string no_weights_message(const fs::path& dir) {
                           name);
       break;
     }
-    if (ext == ".gguf") found = fmt::format("; it holds {}, llama.cpp's format: give the Hugging Face checkpoint it came from", name);
+    if (ext == ".gguf") found = fmt::format("; it holds {}, llama.cpp's format: give that file itself as the model", name);
   }
   return fmt::format("{}: no model.safetensors or model.safetensors.index.json{}", dir.string(), found);
 }

@@ -657,6 +657,7 @@ SaveReport save_pretrained(const Loadable& model, const fs::path& dir, const Sav
   update.write = [&](const fs::path& staging) {
     write_checkpoint(model, tensors, staging, options);
     if (!options.companions_from.empty()) copy_companions(options.companions_from, staging);
+    for (const auto& [name, text] : options.companion_texts) write_file_atomically(staging / name, text);
     report = report_of(staging);
   };
   update.old_files = [](const fs::path& target) {

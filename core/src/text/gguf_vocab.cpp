@@ -153,7 +153,9 @@ std::pair<json, json> byte_level_bpe(const VocabReader& r) {
 
 }  // namespace
 
-Tokenizer Tokenizer::from_gguf(const std::filesystem::path& path) {
+namespace {
+
+std::pair<json, json> tokenizer_json_of(const std::filesystem::path& path) {
   const auto file = GgufFile::open(path);
   const VocabReader r(*file);
   const auto model = r.text("tokenizer.ggml.model", "");
@@ -163,8 +165,20 @@ Tokenizer Tokenizer::from_gguf(const std::filesystem::path& path) {
                                                "'gpt2', is): give the model's tokenizer.json with --tokenizer DIR",
                                                printable(model)));
   }
-  const auto [tokenizer, config] = byte_level_bpe(r);
+  return byte_level_bpe(r);
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::from_gguf(const std::filesystem::path& path) {
+  const auto [tokenizer, config] = tokenizer_json_of(path);
   return from_json(tokenizer, &config, path, path.string());
+}
+
+std::vector<std::pair<std::string, std::string>> Tokenizer::gguf_tokenizer_files(const std::filesystem::path& path) {
+  if (GgufFile::open(path)->find_value("tokenizer.ggml.model") == nullptr) return {};
+  const auto [tokenizer, config] = tokenizer_json_of(path);
+  return {{"tokenizer.json", tokenizer.dump(2)}, {"tokenizer_config.json", config.dump(2)}};
 }
 
 namespace detail {

@@ -104,6 +104,9 @@ struct TORCHPATCH_API SaveOptions {
   /// are written beside the new checkpoint, so the copy tokenizes and generates as the original
   /// does. Empty: none.
   std::filesystem::path companions_from;
+  /// Companion files to write beside the checkpoint by name and content, over those copied from
+  /// companions_from (a GGUF model's tokenizer.json, rebuilt from the file).
+  std::vector<std::pair<std::string, std::string>> companion_texts;
   /// Hears the bytes of weights written so far.
   Progress progress;
 };

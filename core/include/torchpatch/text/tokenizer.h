@@ -57,6 +57,10 @@ class TORCHPATCH_API Tokenizer {
   /// read, rebuilt (text/gguf_vocab.cpp). ConfigError naming the file and key for a vocabulary kind or
   /// pre-tokenizer torchpatch does not know.
   static Tokenizer from_gguf(const std::filesystem::path& file);
+  /// What from_gguf reads the file's tokenizer as: tokenizer.json and tokenizer_config.json, by name
+  /// and text (what a Hugging Face checkpoint saved from the file carries); none for a file without
+  /// a tokenizer, a ConfigError as from_gguf's for one it cannot read.
+  static std::vector<std::pair<std::string, std::string>> gguf_tokenizer_files(const std::filesystem::path& file);
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
