@@ -12,7 +12,9 @@
 
 #include "torchpatch/checkpoint/gguf.h"
 #include "torchpatch/checkpoint/safetensors.h"
+#include "torchpatch/checkpoint/load.h"
 #include "torchpatch/error.h"
+#include "torchpatch/nn/quant.h"
 #include "torchpatch/models/pretrained.h"
 #include "torchpatch/runtime/auto.h"
 #include "torchpatch/text/tokenizer.h"
@@ -267,4 +269,49 @@ TEST_CASE("GGUF: a file no family reads is refused naming its architecture and t
   const auto r = testutil::torchpatch_cli("run --model " + gguf_data("all_types_v3.gguf").string() + " --prompt-ids 1,2");
   CHECK(r.code != 0);
   CHECK_THAT(r.out, Contains("general.architecture 'test'") && !Contains("Exception raised from"));
+}
+
+TEST_CASE("GGUF: save --format gguf writes what llama.cpp's converter writes, and reads back bit for bit", "[gguf][cli]") {
+  // llama_basic from its hub checkpoint: the same tensors, names and q/k order as the gguf package's file.
+  const auto written = testutil::temp_file("llama_basic_written.gguf");
+  const auto r = testutil::torchpatch_cli("save --model " + testutil::llama_dir() + " --format gguf --output " +
+                                          written.string());
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Contains("30 tensors (30 F32)") && Contains("tokenizer: none"));
+  const auto ours = GgufFile::open(written);
+  const auto theirs = GgufFile::open(gguf_data("llama_basic.gguf"));
+  REQUIRE(ours->tensors().size() == theirs->tensors().size());
+  for (const auto& t : theirs->tensors()) {
+    INFO(t.name);
+    const auto* mine = ours->find(t.name);
+    REQUIRE(mine != nullptr);
+    CHECK(mine->type == t.type);
+    CHECK(mine->dims == t.dims);
+    CHECK(at::equal(ours->raw(t.name), theirs->raw(t.name)));
+  }
+  for (const auto* key : {"llama.block_count", "llama.attention.head_count_kv", "llama.context_length"}) {
+    INFO(key);
+    CHECK(ours->find_value(key)->integer == theirs->find_value(key)->integer);
+  }
+  // Quantized blocks go out as their GGML type, byte for byte, and come back as the same values.
+  const auto q8 = testutil::temp_file("tiny_q8.gguf");
+  REQUIRE(testutil::torchpatch_cli("save --preset tiny-llama --quantize q8_0 --format gguf --output " + q8.string()).code == 0);
+  const testutil::ScratchDir hub("tiny_q8_hub");
+  REQUIRE(testutil::torchpatch_cli("save --preset tiny-llama --quantize q8_0 --output " + hub.path.string()).code == 0);
+  const auto v_proj = SafetensorsFile::open(hub.path / "model.safetensors")->tensor("model.layers.1.self_attn.v_proj.weight");
+  const auto file = GgufFile::open(q8);
+  CHECK(file->find("blk.1.attn_v.weight")->type == GgmlType::Q8_0);
+  CHECK(at::equal(file->raw("blk.1.attn_v.weight"), v_proj));
+  const auto back = from_pretrained(q8);
+  CHECK(at::equal(back->named_parameters()["model.layers.1.self_attn.v_proj.weight"],
+                  nn::dequantize(nn::QuantFormat::kQ8_0, v_proj, "v_proj")));
+  // A configuration llama.cpp's architecture cannot express is refused before anything is written.
+  const auto refused = testutil::torchpatch_cli("save --preset tiny-qwen2 --format gguf --output " +
+                                                testutil::temp_file("refused.gguf").string());
+  CHECK(refused.code != 0);
+  CHECK_THAT(refused.out, Contains("a sliding window, which llama.cpp's 'qwen2' does not apply"));
+  CHECK_FALSE(std::filesystem::exists(testutil::temp_file("refused.gguf")));
+  std::filesystem::remove(written);
+  std::filesystem::remove(q8);
 }

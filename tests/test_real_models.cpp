@@ -200,3 +200,22 @@ TEST_CASE("SmolLM2 GGUF: torchpatch generate --prompt answers Paris with transfo
   CHECK(j["rows"][0]["new_ids"].get<std::vector<int64_t>>() == std::vector<int64_t>(expected.begin(), expected.begin() + 8));
   CHECK_THAT(j["rows"][0]["text"].get<std::string>(), Catch::Matchers::StartsWith(" Paris."));
 }
+
+TEST_CASE("SmolLM2 GGUF: saved as GGUF it reads back bit for bit, with its tokenizer", "[real][gguf]") {
+  const SmolLm2 m;
+  const auto copy = testutil::temp_file("smollm2_copy.gguf");
+  const auto r = testutil::torchpatch_cli("save --model " + m.file.string() + " --format gguf --output " + copy.string());
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Catch::Matchers::Contains("tokenizer: the GGUF file's"));
+  const auto original = from_pretrained(m.file);
+  const auto back = from_pretrained(copy);
+  auto theirs = back->named_parameters();
+  for (const auto& p : original->named_parameters()) {
+    INFO(p.key());
+    CHECK(at::equal(p.value(), theirs[p.key()]));
+  }
+  const auto tokenizer = text::Tokenizer::from_pretrained(copy);
+  CHECK(tokenizer.encode("The capital of France is").ids == as_vector(m.get("prompt0.input_ids")));
+  std::filesystem::remove(copy);
+}

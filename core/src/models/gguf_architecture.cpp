@@ -2,6 +2,7 @@
 #include "torchpatch/models/gguf_architecture.h"
 
 #include <cmath>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -155,6 +156,65 @@ std::vector<GgufTensorName> gguf_decoder_tensor_names(bool permuted_qk) {
       {"blk.{}.ffn_up.weight", "model.layers.{}.mlp.up_proj.weight"},
       {"blk.{}.ffn_down.weight", "model.layers.{}.mlp.down_proj.weight"},
   };
+}
+
+std::vector<std::pair<std::string, GgufValue>> gguf_decoder_metadata(const std::string& arch, const nlohmann::json& c) {
+  const auto source = fmt::format("{} as GGUF architecture '{}'", c.value("model_type", std::string("model")), arch);
+  const auto integer = [&](const char* field) -> uint32_t {
+    if (!c.contains(field) || !c[field].is_number_integer() || c[field].get<int64_t>() <= 0 ||
+        c[field].get<int64_t>() > std::numeric_limits<uint32_t>::max()) {
+      throw ConfigError(fmt::format("{}: config field '{}' is not a positive 32-bit integer", source, field));
+    }
+    return static_cast<uint32_t>(c[field].get<int64_t>());
+  };
+  if (c.value("hidden_act", std::string("silu")) != "silu") {
+    throw ConfigError(fmt::format("{}: hidden_act '{}' (llama.cpp's architecture runs silu)", source,
+                                  c.value("hidden_act", std::string())));
+  }
+  if (c.value("use_sliding_window", false)) {
+    throw ConfigError(fmt::format("{}: a sliding window, which llama.cpp's '{}' does not apply", source, arch));
+  }
+  std::vector<std::pair<std::string, GgufValue>> m{
+      {"general.architecture", GgufValue::of(arch)},
+      {arch + ".block_count", GgufValue::of(integer("num_hidden_layers"))},
+      {arch + ".context_length", GgufValue::of(integer("max_position_embeddings"))},
+      {arch + ".embedding_length", GgufValue::of(integer("hidden_size"))},
+      {arch + ".feed_forward_length", GgufValue::of(integer("intermediate_size"))},
+      {arch + ".attention.head_count", GgufValue::of(integer("num_attention_heads"))},
+      {arch + ".attention.head_count_kv", GgufValue::of(integer("num_key_value_heads"))},
+      {arch + ".rope.freq_base", GgufValue::of(static_cast<float>(c.value("rope_theta", 10000.0)))},
+      {arch + ".attention.layer_norm_rms_epsilon", GgufValue::of(static_cast<float>(c.value("rms_norm_eps", 1e-6)))},
+      {arch + ".attention.key_length", GgufValue::of(integer("head_dim"))},
+      {arch + ".attention.value_length", GgufValue::of(integer("head_dim"))},
+      {arch + ".rope.dimension_count", GgufValue::of(integer("head_dim"))},
+      {arch + ".vocab_size", GgufValue::of(integer("vocab_size"))},
+  };
+  const auto scaling = c.contains("rope_scaling") && c["rope_scaling"].is_object() ? c["rope_scaling"] : nlohmann::json();
+  const auto type = scaling.is_object() ? scaling.value("rope_type", scaling.value("type", std::string("default"))) : "default";
+  if (type == "linear") {
+    m.emplace_back(arch + ".rope.scaling.type", GgufValue::of(std::string("linear")));
+    m.emplace_back(arch + ".rope.scaling.factor", GgufValue::of(static_cast<float>(scaling.value("factor", 1.0))));
+  } else if (type != "default") {
+    throw ConfigError(fmt::format("{}: rope_type '{}' is not written to GGUF files yet (default and linear are)", source, type));
+  }
+  for (const auto& [field, key] : {std::pair{"bos_token_id", "tokenizer.ggml.bos_token_id"},
+                                   std::pair{"eos_token_id", "tokenizer.ggml.eos_token_id"},
+                                   std::pair{"pad_token_id", "tokenizer.ggml.padding_token_id"}}) {
+    if (c.contains(field) && c[field].is_number_integer() && c[field].get<int64_t>() >= 0) {
+      m.emplace_back(key, GgufValue::of(static_cast<uint32_t>(c[field].get<int64_t>())));
+    }
+  }
+  return m;
+}
+
+GgufArchitecture gguf_decoder_architecture(const std::string& arch, const std::string& model_type,
+                                           const std::string& causal_lm, bool permuted_qk) {
+  GgufArchitecture a;
+  a.names = {arch};
+  a.config = [=](const GgufMetadata& m) { return gguf_decoder_config(m, model_type, causal_lm); };
+  a.tensors = gguf_decoder_tensor_names(permuted_qk);
+  a.metadata = [arch](const nlohmann::json& c) { return gguf_decoder_metadata(arch, c); };
+  return a;
 }
 
 }  // namespace torchpatch

@@ -41,9 +41,7 @@ Family family() {
         {"rope_theta", 500000.0}, {"bos_token_id", 128000}, {"eos_token_id", 128001}}},
   };
   // llama.cpp's Llama converter permutes q and k rows for its interleaved RoPE; its Qwen ones do not.
-  family.gguf = GgufArchitecture{{"llama"},
-                                 [](const GgufMetadata& m) { return gguf_decoder_config(m, "llama", "LlamaForCausalLM"); },
-                                 gguf_decoder_tensor_names(/*permuted_qk=*/true)};
+  family.gguf = gguf_decoder_architecture("llama", "llama", "LlamaForCausalLM", /*permuted_qk=*/true);
   return family;
 }
 

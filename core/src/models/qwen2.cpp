@@ -32,9 +32,7 @@ Family family() {
   auto tiny = tiny_decoder_preset("qwen2", "Qwen2ForCausalLM");
   tiny.update({{"use_sliding_window", true}, {"sliding_window", 8}, {"max_window_layers", 1}});
   family.presets = {{"tiny-qwen2", tiny}};
-  family.gguf = GgufArchitecture{{"qwen2"},
-                                 [](const GgufMetadata& m) { return gguf_decoder_config(m, "qwen2", "Qwen2ForCausalLM"); },
-                                 gguf_decoder_tensor_names(/*permuted_qk=*/false)};
+  family.gguf = gguf_decoder_architecture("qwen2", "qwen2", "Qwen2ForCausalLM", /*permuted_qk=*/false);
   return family;
 }
 

@@ -35,9 +35,7 @@ Family family() {
   auto tiny = tiny_decoder_preset("qwen3", "Qwen3ForCausalLM");
   tiny.update({{"head_dim", 32}, {"tie_word_embeddings", true}, {"rms_norm_eps", 1e-6}});
   family.presets = {{"tiny-qwen3", tiny}};
-  family.gguf = GgufArchitecture{{"qwen3"},
-                                 [](const GgufMetadata& m) { return gguf_decoder_config(m, "qwen3", "Qwen3ForCausalLM"); },
-                                 gguf_decoder_tensor_names(/*permuted_qk=*/false)};
+  family.gguf = gguf_decoder_architecture("qwen3", "qwen3", "Qwen3ForCausalLM", /*permuted_qk=*/false);
   return family;
 }
 

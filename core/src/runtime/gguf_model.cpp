@@ -1,5 +1,6 @@
 #include "torchpatch/runtime/gguf_model.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -9,6 +10,7 @@
 #include <fmt/ranges.h>
 
 #include "torchpatch/checkpoint/conversion.h"
+#include "torchpatch/checkpoint/load.h"
 #include "torchpatch/error.h"
 #include "torchpatch/printable.h"
 
@@ -123,6 +125,107 @@ GgufModel read_gguf_model(const fs::path& path, const FamilyRegistry& families) 
   const auto kv_heads = model.config.value("num_key_value_heads", heads);
   model.tensors = std::make_shared<GgufWeights>(model.file, family->gguf->tensors, heads, kv_heads);
   return model;
+}
+
+namespace {
+
+// What an unpermute undid: each head's rows as interleaved pairs again.
+at::Tensor permute(const at::Tensor& t, int64_t heads) {
+  std::vector<int64_t> shape{heads, 2, t.size(0) / heads / 2};
+  for (int64_t d = 1; d < t.dim(); ++d) shape.push_back(t.size(d));
+  return t.reshape(shape).transpose(1, 2).reshape(t.sizes()).contiguous();
+}
+
+// The GGML type of a hub tensor: float dtypes as they are (1-D ones, norms and biases, as F32, which
+// llama.cpp requires), blocks as the type the quantized module's class names ("Q8_0Linear").
+checkpoint::GgmlType type_of(const std::string& name, const at::Tensor& t, const PretrainedModel& model,
+                             at::Tensor& data) {
+  using checkpoint::GgmlType;
+  data = t;
+  if (t.scalar_type() == at::kByte) {
+    const auto module = name.substr(0, name.rfind('.'));
+    for (const auto& point : model.patch_points()) {
+      if (point.path != module) continue;
+      const auto& cls = point.module->patch_record().class_name;
+      const auto* type = checkpoint::ggml_type_named(cls.substr(0, cls.find_first_not_of("QK0123456789_")));
+      if (type != nullptr) return type->type;
+      throw ConfigError(fmt::format("{}: its blocks belong to {}, whose GGML type torchpatch does not know", name, cls));
+    }
+    throw ConfigError(fmt::format("{}: uint8 tensor of no quantized module", name));
+  }
+  if (t.dim() == 1 || t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble) {
+    data = t.to(at::kFloat).contiguous();
+    return GgmlType::F32;
+  }
+  if (t.scalar_type() == at::kHalf) return GgmlType::F16;
+  if (t.scalar_type() == at::kBFloat16) return GgmlType::BF16;
+  throw ConfigError(fmt::format("{}: dtype {} has no GGML type", name, c10::toString(t.scalar_type())));
+}
+
+}  // namespace
+
+GgufSaveReport save_gguf_model(const PretrainedModel& model, const fs::path& file, const FamilyRegistry& families,
+                               const GgufSaveOptions& options) {
+  const auto config = model.config_json();
+  const auto family = families.find(model.config().model_type);
+  if (!family || !family->gguf || !family->gguf->metadata) {
+    throw ConfigError(fmt::format("{} ({}): its family has no GGUF architecture (GGUF files are written for: {})",
+                                  model.class_name(), model.config().model_type,
+                                  fmt::join(families.gguf_architectures(), ", ")));
+  }
+  const auto& arch = *family->gguf;
+  GgufSaveReport report;
+  auto metadata = arch.metadata(config);
+  metadata.emplace_back("general.file_type", checkpoint::GgufValue::of(uint32_t{0}));
+  if (!options.gguf_from.empty()) {
+    const auto source = GgufFile::open(options.gguf_from);
+    for (const auto& [key, value] : source->metadata()) {
+      if (key.rfind("tokenizer.", 0) == 0 || (key.rfind("general.", 0) == 0 && key != "general.architecture" &&
+                                               key != "general.alignment" && key != "general.file_type")) {
+        metadata.erase(std::remove_if(metadata.begin(), metadata.end(), [&](const auto& m) { return m.first == key; }),
+                       metadata.end());
+        metadata.emplace_back(key, value);
+      }
+    }
+    report.tokenizer = source->find_value("tokenizer.ggml.model") ? "the GGUF file's" : "none (the GGUF file had none)";
+  } else {
+    report.tokenizer = "none: the model was not read from a GGUF file (llama.cpp needs a tokenizer to run the file)";
+  }
+  // Hub names back to llama.cpp's, with the layer number in place of {}.
+  std::map<std::string, const GgufTensorName*> by_hub;
+  for (const auto& n : arch.tensors) by_hub.emplace(n.hub, &n);
+  const auto heads = config.value("num_attention_heads", int64_t{0});
+  const auto kv_heads = config.value("num_key_value_heads", heads);
+  std::vector<checkpoint::GgufTensorToWrite> tensors;
+  for (const auto& [name, value] : checkpoint::hub_state_dict(
+           model, options.conversions ? *options.conversions : checkpoint::global_conversions(), /*keep_encoded=*/true)) {
+    std::string pattern = name;
+    std::string layer;
+    if (name.rfind("model.layers.", 0) == 0) {
+      const auto end = name.find('.', 13);
+      layer = name.substr(13, end - 13);
+      pattern = "model.layers.{}" + name.substr(end);
+    }
+    const auto it = by_hub.find(pattern);
+    if (it == by_hub.end()) {
+      throw ConfigError(fmt::format("{}: tensor '{}' has no llama.cpp name in GGUF architecture '{}'", model.class_name(),
+                                    name, arch.names.front()));
+    }
+    at::Tensor data;
+    const auto type = type_of(name, value.cpu(), model, data);
+    if (it->second->transform == GgufTensorTransform::kUnpermuteQ) data = permute(data, heads);
+    if (it->second->transform == GgufTensorTransform::kUnpermuteK) data = permute(data, kv_heads);
+    auto shape = value.sizes().vec();
+    if (type != checkpoint::GgmlType::F32 && value.scalar_type() == at::kByte) {
+      const auto& info = checkpoint::ggml_type_info(type);
+      shape.back() = shape.back() / info.type_size * info.block_size;
+    }
+    tensors.push_back({fmt::format(fmt::runtime(it->second->gguf), layer), type, shape, data});
+    ++report.types[checkpoint::ggml_type_info(type).name];
+  }
+  report.tensors = static_cast<int64_t>(tensors.size());
+  checkpoint::save_gguf(file, metadata, tensors);
+  return report;
 }
 
 }  // namespace torchpatch

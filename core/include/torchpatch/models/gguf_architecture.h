@@ -67,7 +67,19 @@ struct TORCHPATCH_API GgufArchitecture {
   std::function<nlohmann::json(const GgufMetadata&)> config;
   /// Tensor names, llama.cpp's to Hugging Face's (gguf_decoder_tensor_names for the usual ones).
   std::vector<GgufTensorName> tensors;
+  /// The metadata llama.cpp reads, from config.json (what saving as GGUF writes; the first of `names`
+  /// is the architecture written). ConfigError for a config llama.cpp's architecture cannot express.
+  std::function<std::vector<std::pair<std::string, checkpoint::GgufValue>>(const nlohmann::json& config)> metadata;
 };
+
+/// The architecture of a decoder on the usual names and keys: general.architecture `arch`, read as
+/// `model_type` / `causal_lm`; `permuted_qk` for llama.cpp's Llama converter's q/k row order.
+TORCHPATCH_API GgufArchitecture gguf_decoder_architecture(const std::string& arch, const std::string& model_type,
+                                                          const std::string& causal_lm, bool permuted_qk);
+
+/// The inverse of gguf_decoder_config: the keys llama.cpp reads for architecture `arch`, from config.json.
+TORCHPATCH_API std::vector<std::pair<std::string, checkpoint::GgufValue>> gguf_decoder_metadata(
+    const std::string& arch, const nlohmann::json& config);
 
 /// config.json of a decoder from the keys llama.cpp writes for every one: embedding_length,
 /// feed_forward_length, block_count, attention.head_count(_kv), context_length,

@@ -6,14 +6,18 @@
 #include "torchpatch/export.h"
 
 #include <filesystem>
+#include <map>
 #include <memory>
+#include <string>
 #include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "torchpatch/checkpoint/gguf.h"
 #include "torchpatch/checkpoint/safetensors.h"
+#include "torchpatch/checkpoint/conversion.h"
 #include "torchpatch/models/family.h"
+#include "torchpatch/models/pretrained.h"
 
 namespace torchpatch {
 
@@ -31,5 +35,30 @@ struct TORCHPATCH_API GgufModel {
 /// (listing those that are read) or its metadata lacks what the family needs; CheckpointError for a
 /// file that is not valid GGUF.
 TORCHPATCH_API GgufModel read_gguf_model(const std::filesystem::path& path, const FamilyRegistry& families);
+
+/// How save_gguf_model writes.
+struct TORCHPATCH_API GgufSaveOptions {
+  /// The conversion rules reversed to reach the hub layout first (nullptr: global_conversions()).
+  const checkpoint::ConversionRegistry* conversions = nullptr;
+  /// The GGUF file the model was read from: its tokenizer.* keys are written too (and its other
+  /// general.* keys). Empty: no tokenizer is written (the report says so; a tokenizer.json is not
+  /// converted to GGUF's yet).
+  std::filesystem::path gguf_from;
+};
+
+/// What save_gguf_model wrote.
+struct TORCHPATCH_API GgufSaveReport {
+  int64_t tensors = 0;
+  std::map<std::string, int64_t> types;  ///< tensors per GGML type ("F32": 61, "Q8_0": 210)
+  std::string tokenizer;                 ///< where the tokenizer came from, or why there is none
+};
+
+/// Writes `model` as a GGUF file llama.cpp loads: its family's architecture (Family::gguf) and
+/// metadata, llama.cpp's tensor names (q/k rows permuted back where the family's converter does),
+/// float weights as F32 / F16 / BF16 as they are held and quantized blocks as their GGML type. Read
+/// back with from_pretrained, it gives the same parameters bit for bit. ConfigError naming the
+/// model for a family without a GGUF architecture or a config llama.cpp's cannot express.
+TORCHPATCH_API GgufSaveReport save_gguf_model(const PretrainedModel& model, const std::filesystem::path& file,
+                                              const FamilyRegistry& families, const GgufSaveOptions& options = {});
 
 }  // namespace torchpatch
