@@ -48,7 +48,8 @@ std::vector<OptionSpec> plugin_options() {
 std::vector<OptionSpec> model_options() {
   auto specs = plugin_options();
   specs.insert(specs.begin(),
-               {{"model", "DIR", "Hugging Face checkpoint directory (config.json + model.safetensors)"},
+               {{"model", "DIR", "Hugging Face checkpoint directory (config.json + model.safetensors), or a GGUF file "
+                         "(docs/gguf.md)"},
                 {"preset", "NAME", fmt::format("built-in model with fixed random weights ({}; plugin families add "
                                                "theirs, `torchpatch plugins` lists them)",
                                                fmt::join(preset_names(), ", "))},
