@@ -17,6 +17,7 @@
 #include "torchpatch/nn/quant.h"
 #include "torchpatch/models/pretrained.h"
 #include "torchpatch/runtime/auto.h"
+#include "torchpatch/runtime/gguf_model.h"
 #include "torchpatch/text/tokenizer.h"
 
 using namespace torchpatch;
@@ -253,7 +254,7 @@ TEST_CASE("GGUF: a Llama written as llama.cpp writes one loads as the checkpoint
   in.input_ids = at::arange(3, 15, at::kLong).unsqueeze(0);
   CHECK(testutil::close("llama_basic.gguf logits", from_gguf->forward(in).logits, from_hub->forward(in).logits, {}, 0, 0));
   // Its tokenizer: byte-level BPE with the file's merges ("Ġthe" is one token), no BOS added.
-  const auto tokenizer = text::Tokenizer::from_pretrained(gguf_data("llama_basic.gguf"));
+  const auto tokenizer = tokenizer_of(gguf_data("llama_basic.gguf"));
   const auto ids = tokenizer.encode("the theater").ids;
   CHECK(tokenizer.decode(ids) == "the theater");
   const auto the = tokenizer.token_to_id("Ġthe");
@@ -314,4 +315,38 @@ TEST_CASE("GGUF: save --format gguf writes what llama.cpp's converter writes, an
   CHECK_FALSE(std::filesystem::exists(testutil::temp_file("refused.gguf")));
   std::filesystem::remove(written);
   std::filesystem::remove(q8);
+}
+
+TEST_CASE("GGUF: Qwen3 and Llama presets go through GGUF and come back as the same model", "[gguf]") {
+  for (const std::string preset : {"tiny-qwen3", "tiny-llama"}) {
+    INFO(preset);
+    const auto file = testutil::temp_file(preset + ".gguf");
+    const auto r = testutil::torchpatch_cli("save --preset " + preset + " --format gguf --output " + file.string());
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    const auto original = preset_model(preset, 0);
+    const auto back = from_pretrained(file);
+    CHECK(back->class_name() == original->class_name());
+    auto theirs = back->named_parameters();
+    for (const auto& p : original->named_parameters()) {
+      INFO(p.key());
+      CHECK(at::equal(p.value(), theirs[p.key()]));
+    }
+    std::filesystem::remove(file);
+  }
+}
+
+TEST_CASE("GGUF: the CLI refuses a broken file with the file and field named, and a non-zero exit", "[gguf][cli][hardening]") {
+  std::ifstream in(gguf_data("llama_basic.gguf"), std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  const auto cut = testutil::temp_file("cut.gguf");
+  std::ofstream(cut, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
+  for (const char* command : {"run --prompt-ids 1,2", "generate --prompt hello", "plan"}) {
+    const auto r = testutil::torchpatch_cli(std::string(command) + " --model " + cut.string());
+    INFO(r.out);
+    CHECK(r.code != 0);
+    CHECK_THAT(r.out, Contains(cut.string()) && Contains("run past the end of the data section") &&
+                          !Contains("Exception raised from"));
+  }
+  std::filesystem::remove(cut);
 }

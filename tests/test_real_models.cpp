@@ -13,6 +13,7 @@
 #include "torchpatch/models/pretrained.h"
 #include "torchpatch/models/sentence_pooling.h"
 #include "torchpatch/runtime/auto.h"
+#include "torchpatch/runtime/gguf_model.h"
 #include "torchpatch/text/tokenizer.h"
 
 using namespace torchpatch;
@@ -128,7 +129,7 @@ struct SmolLm2 {
 
 TEST_CASE("SmolLM2 GGUF: the file's tokenizer gives transformers' ids on 1,967 texts", "[real][gguf][tokenizer]") {
   const SmolLm2 m;
-  const auto tokenizer = text::Tokenizer::from_pretrained(m.file);
+  const auto tokenizer = gguf_tokenizer(m.file);
   std::ifstream in(m.refs / "tokenizer_texts.json");
   const auto texts = nlohmann::json::parse(in)["texts"];
   REQUIRE(texts.size() >= 1000);
@@ -215,7 +216,7 @@ TEST_CASE("SmolLM2 GGUF: saved as GGUF it reads back bit for bit, with its token
     INFO(p.key());
     CHECK(at::equal(p.value(), theirs[p.key()]));
   }
-  const auto tokenizer = text::Tokenizer::from_pretrained(copy);
+  const auto tokenizer = tokenizer_of(copy);
   CHECK(tokenizer.encode("The capital of France is").ids == as_vector(m.get("prompt0.input_ids")));
   std::filesystem::remove(copy);
 }

@@ -7,7 +7,6 @@
 
 #include "torchpatch/checkpoint/gguf.h"
 #include "torchpatch/runtime/gguf_model.h"
-#include "torchpatch/text/tokenizer.h"
 #include "commands.h"
 #include "launch.h"
 #include "progress.h"
@@ -89,7 +88,7 @@ int cmd_save(const std::vector<std::string>& argv) {
     options.companions_from = args.value("model");
     if (const auto gguf = checkpoint::gguf_file_of(args.value("model"))) {
       try {
-        options.companion_texts = text::Tokenizer::gguf_tokenizer_files(*gguf);
+        options.companion_texts = gguf_tokenizer_files(*gguf);
       } catch (const ConfigError& e) {
         std::cerr << "note: the weights are saved without a tokenizer: " << e.what() << "\n";
       }

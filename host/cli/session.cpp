@@ -22,6 +22,7 @@
 #include "torchpatch/error.h"
 #include "torchpatch/json_file.h"
 #include "torchpatch/nn/quant.h"
+#include "torchpatch/runtime/gguf_model.h"
 #include "torchpatch/runtime/auto.h"
 #include "torchpatch/patching/build.h"
 #include "torchpatch/patching/class_table.h"
@@ -424,8 +425,8 @@ std::vector<OptionSpec> prompt_options() {
 }
 
 std::optional<text::Tokenizer> open_tokenizer(const Args& args) {
-  if (args.has("tokenizer")) return text::Tokenizer::from_pretrained(args.value("tokenizer"));
-  if (args.has("model")) return text::Tokenizer::from_pretrained(args.value("model"));
+  if (args.has("tokenizer")) return tokenizer_of(args.value("tokenizer"));
+  if (args.has("model")) return tokenizer_of(args.value("model"));
   return std::nullopt;
 }
 

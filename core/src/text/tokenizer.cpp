@@ -352,12 +352,7 @@ void Tokenizer::Impl::read_tokenizer_config(const nlohmann::json& c, const std::
   post = t.items.size() == 1 ? Template{} : std::move(t);
 }
 
-namespace detail {
-std::optional<std::filesystem::path> gguf_tokenizer_file(const std::filesystem::path& dir);  // gguf_vocab.cpp
-}
-
 Tokenizer Tokenizer::from_pretrained(const std::filesystem::path& dir) {
-  if (const auto gguf = detail::gguf_tokenizer_file(dir)) return from_gguf(*gguf);
   const auto json = dir / "tokenizer.json";
   if (!path_exists(json)) {
     throw ConfigError(fmt::format("{}: no tokenizer.json (a Hugging Face tokenizer directory holds tokenizer.json "

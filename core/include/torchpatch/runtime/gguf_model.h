@@ -9,6 +9,8 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -18,6 +20,7 @@
 #include "torchpatch/checkpoint/conversion.h"
 #include "torchpatch/models/family.h"
 #include "torchpatch/models/pretrained.h"
+#include "torchpatch/text/tokenizer.h"
 
 namespace torchpatch {
 
@@ -35,6 +38,20 @@ struct TORCHPATCH_API GgufModel {
 /// (listing those that are read) or its metadata lacks what the family needs; CheckpointError for a
 /// file that is not valid GGUF.
 TORCHPATCH_API GgufModel read_gguf_model(const std::filesystem::path& path, const FamilyRegistry& families);
+
+/// The tokenizer a GGUF file carries (tokenizer.ggml.*): the tokenizer.json llama.cpp's converter
+/// read, rebuilt (runtime/gguf_tokenizer.cpp; docs/gguf.md lists the pre-tokenizers). ConfigError
+/// naming the file and key for a vocabulary kind or pre-tokenizer torchpatch does not rebuild.
+TORCHPATCH_API text::Tokenizer gguf_tokenizer(const std::filesystem::path& file);
+
+/// What gguf_tokenizer reads the file's tokenizer as: tokenizer.json and tokenizer_config.json, by
+/// name and text (what a Hugging Face checkpoint saved from the file carries); none for a file
+/// without a tokenizer, a ConfigError as gguf_tokenizer's for one it cannot read.
+TORCHPATCH_API std::vector<std::pair<std::string, std::string>> gguf_tokenizer_files(const std::filesystem::path& file);
+
+/// The tokenizer of a model path: a GGUF file's (a .gguf file, or a directory holding one and no
+/// tokenizer.json), else text::Tokenizer::from_pretrained's.
+TORCHPATCH_API text::Tokenizer tokenizer_of(const std::filesystem::path& model);
 
 /// How save_gguf_model writes.
 struct TORCHPATCH_API GgufSaveOptions {

@@ -42,8 +42,8 @@ struct TORCHPATCH_API PaddedBatch {
 /// InputError naming the byte offset (Python strings, what Hugging Face encodes, cannot hold it).
 class TORCHPATCH_API Tokenizer {
  public:
-  /// dir/tokenizer.json, and dir/tokenizer_config.json when present; or, for a .gguf file or a
-  /// directory holding one and no tokenizer.json, the GGUF file's tokenizer (from_gguf).
+  /// dir/tokenizer.json, and dir/tokenizer_config.json when present (a GGUF file's tokenizer:
+  /// runtime/gguf_model.h).
   static Tokenizer from_pretrained(const std::filesystem::path& dir);
   /// A tokenizer.json file, with an optional tokenizer_config.json.
   static Tokenizer from_file(const std::filesystem::path& tokenizer_json,
@@ -53,15 +53,6 @@ class TORCHPATCH_API Tokenizer {
   /// (and `config_source`) name them in messages.
   static Tokenizer from_json(const nlohmann::json& tokenizer, const nlohmann::json* tokenizer_config,
                              const std::filesystem::path& source, const std::string& config_source = {});
-  /// The tokenizer a GGUF file carries (tokenizer.ggml.*): the tokenizer.json llama.cpp's converter
-  /// read, rebuilt (text/gguf_vocab.cpp). ConfigError naming the file and key for a vocabulary kind or
-  /// pre-tokenizer torchpatch does not know.
-  static Tokenizer from_gguf(const std::filesystem::path& file);
-  /// What from_gguf reads the file's tokenizer as: tokenizer.json and tokenizer_config.json, by name
-  /// and text (what a Hugging Face checkpoint saved from the file carries); none for a file without
-  /// a tokenizer, a ConfigError as from_gguf's for one it cannot read.
-  static std::vector<std::pair<std::string, std::string>> gguf_tokenizer_files(const std::filesystem::path& file);
-
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
   ~Tokenizer();

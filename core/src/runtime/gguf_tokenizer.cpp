@@ -11,9 +11,10 @@
 #include "torchpatch/checkpoint/gguf.h"
 #include "torchpatch/error.h"
 #include "torchpatch/printable.h"
+#include "torchpatch/runtime/gguf_model.h"
 #include "torchpatch/text/tokenizer.h"
 
-namespace torchpatch::text {
+namespace torchpatch {
 
 namespace {
 
@@ -170,21 +171,20 @@ std::pair<json, json> tokenizer_json_of(const std::filesystem::path& path) {
 
 }  // namespace
 
-Tokenizer Tokenizer::from_gguf(const std::filesystem::path& path) {
+text::Tokenizer gguf_tokenizer(const std::filesystem::path& path) {
   const auto [tokenizer, config] = tokenizer_json_of(path);
-  return from_json(tokenizer, &config, path, path.string());
+  return text::Tokenizer::from_json(tokenizer, &config, path, path.string());
 }
 
-std::vector<std::pair<std::string, std::string>> Tokenizer::gguf_tokenizer_files(const std::filesystem::path& path) {
+std::vector<std::pair<std::string, std::string>> gguf_tokenizer_files(const std::filesystem::path& path) {
   if (GgufFile::open(path)->find_value("tokenizer.ggml.model") == nullptr) return {};
   const auto [tokenizer, config] = tokenizer_json_of(path);
   return {{"tokenizer.json", tokenizer.dump(2)}, {"tokenizer_config.json", config.dump(2)}};
 }
 
-namespace detail {
-std::optional<std::filesystem::path> gguf_tokenizer_file(const std::filesystem::path& dir) {
-  return checkpoint::gguf_file_of(dir, "tokenizer.json");
+text::Tokenizer tokenizer_of(const std::filesystem::path& model) {
+  if (const auto gguf = checkpoint::gguf_file_of(model, "tokenizer.json")) return gguf_tokenizer(*gguf);
+  return text::Tokenizer::from_pretrained(model);
 }
-}  // namespace detail
 
-}  // namespace torchpatch::text
+}  // namespace torchpatch
