@@ -479,7 +479,9 @@ void save_gguf(const std::filesystem::path& path, const std::vector<std::pair<st
     if (key == "general.alignment" && value.type == GgufType::UINT32 && value.integer > 0) alignment = value.integer;
   }
   HeaderWriter header;
-  header.scalar(*reinterpret_cast<const uint32_t*>(kMagic));
+  uint32_t magic;
+  std::memcpy(&magic, kMagic, 4);
+  header.scalar(magic);
   header.scalar<uint32_t>(3);
   header.scalar<uint64_t>(tensors.size());
   header.scalar<uint64_t>(metadata.size());

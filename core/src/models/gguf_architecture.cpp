@@ -22,10 +22,10 @@ GgufMetadata::GgufMetadata(const checkpoint::GgufFile& file) : file_(file) {
 }
 
 std::string GgufMetadata::full(const std::string& key) const {
-  return key.find('.') == std::string::npos || key.rfind("general.", 0) != 0 && key.rfind("tokenizer.", 0) != 0 &&
-                                                   key.rfind(arch_ + ".", 0) != 0
-             ? arch_ + "." + key
-             : key;
+  // "block_count" and "attention.head_count" are the architecture's; general.* and tokenizer.* keys
+  // and keys already prefixed are whole.
+  const bool whole = key.rfind("general.", 0) == 0 || key.rfind("tokenizer.", 0) == 0 || key.rfind(arch_ + ".", 0) == 0;
+  return whole ? key : arch_ + "." + key;
 }
 
 void GgufMetadata::fail(const std::string& key, const std::string& cause) const {
@@ -121,8 +121,9 @@ nlohmann::json gguf_decoder_config(const GgufMetadata& m, const std::string& mod
     c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", m.number("rope.scaling.factor")}};
   }
   if (m.file().find("rope_freqs.weight") != nullptr) {
-    m.fail("rope_freqs.weight", "the file scales its RoPE frequencies by a tensor (Llama 3.1's rope_type 'llama3'), "
-                                "which torchpatch does not read from GGUF files yet");
+    throw ConfigError(fmt::format("{}: tensor 'rope_freqs.weight': the file scales its RoPE frequencies by a tensor "
+                                  "(Llama 3.1's rope_type 'llama3'), which torchpatch does not read from GGUF files yet",
+                                  m.file().path().string()));
   }
   for (const auto& [key, field] : {std::pair{"tokenizer.ggml.bos_token_id", "bos_token_id"},
                                    std::pair{"tokenizer.ggml.eos_token_id", "eos_token_id"},
