@@ -350,3 +350,37 @@ TEST_CASE("GGUF: the CLI refuses a broken file with the file and field named, an
   }
   std::filesystem::remove(cut);
 }
+
+TEST_CASE("GGUF: Q8_0 and Q4_0 projections load as the file's blocks and run as the quantized model", "[gguf][cli][quant]") {
+  for (const std::string format : {"q8_0", "q4_0"}) {
+    INFO(format);
+    const auto file = testutil::temp_file("tiny_" + format + ".gguf");
+    REQUIRE(testutil::torchpatch_cli("save --preset tiny-llama --quantize " + format + " --format gguf --output " +
+                                     file.string()).code == 0);
+    const auto plan = testutil::torchpatch_cli("plan --model " + file.string() + " --json");
+    REQUIRE(plan.code == 0);
+    CHECK_THAT(plan.out, Contains(format == "q8_0" ? "Q8_0Linear" : "Q4_0Linear"));
+    // The same blocks through the same kernels: the same logits as the quantized preset, to the bit.
+    const auto rows = [](const std::string& out) { return nlohmann::json::parse(out.substr(out.find('{')))["rows"]; };
+    const auto from_file = testutil::torchpatch_cli("run --model " + file.string() + " --prompt-ids 1,2,3 --json");
+    const auto preset = testutil::torchpatch_cli("run --preset tiny-llama --quantize " + format + " --prompt-ids 1,2,3 --json");
+    REQUIRE(from_file.code == 0);
+    REQUIRE(preset.code == 0);
+    CHECK(rows(from_file.out) == rows(preset.out));
+    // Saved again, the blocks are the file's bytes.
+    const auto again = testutil::temp_file("tiny_" + format + "_again.gguf");
+    REQUIRE(testutil::torchpatch_cli("save --model " + file.string() + " --format gguf --output " + again.string()).code == 0);
+    const auto a = GgufFile::open(file), b = GgufFile::open(again);
+    for (const auto& t : a->tensors()) {
+      INFO(t.name);
+      CHECK(b->find(t.name)->type == t.type);
+      CHECK(at::equal(a->raw(t.name), b->raw(t.name)));
+    }
+    // --dequantize holds them in float: plain Linear modules.
+    const auto dequantized = testutil::torchpatch_cli("plan --model " + file.string() + " --dequantize --json");
+    REQUIRE(dequantized.code == 0);
+    CHECK_THAT(dequantized.out, !Contains("Q8_0Linear") && !Contains("Q4_0Linear"));
+    std::filesystem::remove(file);
+    std::filesystem::remove(again);
+  }
+}

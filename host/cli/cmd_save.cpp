@@ -21,7 +21,9 @@ namespace {
 
 int save_as_gguf(const Args& args, const PluginHost& host, const BuiltModel& built) {
   if (process_group()) throw UsageError("--format gguf is written by one process: run it without --tp");
-  if (args.flag("dequantize")) throw UsageError("--format gguf writes the weights as the model holds them: leave out --dequantize");
+  if (args.flag("dequantize") && args.has("quantize")) {
+    throw UsageError("--format gguf writes a --quantize model as its blocks: leave out --dequantize");
+  }
   GgufSaveOptions options;
   options.conversions = &host.registries().conversions();
   if (args.has("model")) {
@@ -51,7 +53,6 @@ int cmd_save(const std::vector<std::string>& argv) {
                                                      "checkpoint's tokenizer files", false, {"out"}},
                                    {"max-shard-bytes", "SIZE", "split into shards of at most SIZE bytes: 5e9, 5GB, "
                                                                "512MB, 4GiB (default 5GB)"},
-                                   {"dequantize", "", "write quantized weights back in float, without quantization_config"},
                                    {"format", "FORMAT", "hub (the default: a Hugging Face checkpoint directory) or "
                                                         "gguf (one file llama.cpp runs, at --output FILE)"}});
   specs.push_back(tp_option());

@@ -64,6 +64,8 @@ std::vector<OptionSpec> model_options() {
                 {"experts", "IMPL", "MoE experts implementation: grouped (default) or eager"},
                 {"copy-weights", "", "copy the weights out of the memory-mapped checkpoint into the process's own "
                                      "memory: a slower load, a faster decode"},
+                {"dequantize", "", "compute in float: a GGUF file's quantized projections are dequantized as they "
+                                   "load (save: quantized weights are written back in float)"},
                 {"allow-incomplete", "", "load a checkpoint with missing, unexpected or mismatched tensors and report them"},
                 {"no-memory-check", "", "build a model even if its parameters need more than this machine's memory"},
                 {"threads", "N", "intra-op threads (default: LibTorch's, one per core; bench: 1)"}});
@@ -158,6 +160,7 @@ PretrainedOptions pretrained_options(const Args& args, const PluginHost& host) {
   options.reject_non_finite = args.flag("strict");
   options.check_memory = !args.flag("no-memory-check");
   options.copy_weights = args.flag("copy-weights");
+  options.dequantize = args.flag("dequantize");
   return options;
 }
 

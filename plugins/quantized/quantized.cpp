@@ -453,7 +453,8 @@ void register_plugin(torchpatch::Registrar& registrar) {
     });
     registrar.add_conversion(clamped.name, [format](const torchpatch::Config&) { return clamped_swiglu_experts_rules(format); });
   }
-  registrar.add_quantization_method({kMethod, ggml_patches, {}});
+  // GGUF files' Q8_0 and Q4_0 projections load as their blocks, byte for byte (docs/gguf.md).
+  registrar.add_quantization_method({kMethod, ggml_patches, {}, {"Q8_0", "Q4_0"}});
 }
 
 }  // namespace

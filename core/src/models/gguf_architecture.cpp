@@ -137,25 +137,26 @@ std::vector<GgufTensorName> gguf_decoder_tensor_names(bool permuted_qk) {
   using T = GgufTensorTransform;
   const auto q = permuted_qk ? T::kUnpermuteQ : T::kNone;
   const auto k = permuted_qk ? T::kUnpermuteK : T::kNone;
+  constexpr bool kProjection = true;
   return {
       {"token_embd.weight", "model.embed_tokens.weight"},
       {"output_norm.weight", "model.norm.weight"},
-      {"output.weight", "lm_head.weight"},
+      {"output.weight", "lm_head.weight", T::kNone, kProjection},
       {"blk.{}.attn_norm.weight", "model.layers.{}.input_layernorm.weight"},
-      {"blk.{}.attn_q.weight", "model.layers.{}.self_attn.q_proj.weight", q},
+      {"blk.{}.attn_q.weight", "model.layers.{}.self_attn.q_proj.weight", q, kProjection},
       {"blk.{}.attn_q.bias", "model.layers.{}.self_attn.q_proj.bias", q},
-      {"blk.{}.attn_k.weight", "model.layers.{}.self_attn.k_proj.weight", k},
+      {"blk.{}.attn_k.weight", "model.layers.{}.self_attn.k_proj.weight", k, kProjection},
       {"blk.{}.attn_k.bias", "model.layers.{}.self_attn.k_proj.bias", k},
-      {"blk.{}.attn_v.weight", "model.layers.{}.self_attn.v_proj.weight"},
+      {"blk.{}.attn_v.weight", "model.layers.{}.self_attn.v_proj.weight", T::kNone, kProjection},
       {"blk.{}.attn_v.bias", "model.layers.{}.self_attn.v_proj.bias"},
-      {"blk.{}.attn_output.weight", "model.layers.{}.self_attn.o_proj.weight"},
+      {"blk.{}.attn_output.weight", "model.layers.{}.self_attn.o_proj.weight", T::kNone, kProjection},
       {"blk.{}.attn_output.bias", "model.layers.{}.self_attn.o_proj.bias"},
       {"blk.{}.attn_q_norm.weight", "model.layers.{}.self_attn.q_norm.weight"},
       {"blk.{}.attn_k_norm.weight", "model.layers.{}.self_attn.k_norm.weight"},
       {"blk.{}.ffn_norm.weight", "model.layers.{}.post_attention_layernorm.weight"},
-      {"blk.{}.ffn_gate.weight", "model.layers.{}.mlp.gate_proj.weight"},
-      {"blk.{}.ffn_up.weight", "model.layers.{}.mlp.up_proj.weight"},
-      {"blk.{}.ffn_down.weight", "model.layers.{}.mlp.down_proj.weight"},
+      {"blk.{}.ffn_gate.weight", "model.layers.{}.mlp.gate_proj.weight", T::kNone, kProjection},
+      {"blk.{}.ffn_up.weight", "model.layers.{}.mlp.up_proj.weight", T::kNone, kProjection},
+      {"blk.{}.ffn_down.weight", "model.layers.{}.mlp.down_proj.weight", T::kNone, kProjection},
   };
 }
 

@@ -213,7 +213,7 @@ std::shared_ptr<PretrainedModel> build_and_load(const ModelConfig& config, const
 std::shared_ptr<PretrainedModel> from_gguf(const std::filesystem::path& file, const PretrainedOptions& options,
                                            checkpoint::LoadReport* report) {
   const auto& registries = options.registries;
-  const auto gguf = read_gguf_model(file, registries.families());
+  const auto gguf = read_gguf_model(file, registries.families(), options.dequantize);
   const auto config = with_overrides(ModelConfig::from_json(gguf.config, file.string(), &registries.families()),
                                      options.config_overrides, file.string() + " (with overrides)", registries);
   return build_and_load(config, checkpoint::Checkpoint::of(gguf.tensors, file), options, file.string(), report);

@@ -1,7 +1,9 @@
 #include "torchpatch/runtime/gguf_model.h"
 
 #include <algorithm>
+#include <cctype>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,29 @@ using checkpoint::GgufFile;
 using checkpoint::GgufTensorInfo;
 
 namespace {
+
+// The rule of `names` that GGUF tensor `name` matches, with its hub name in `hub` (the layer number in
+// place of {}); nullptr when none does.
+const GgufTensorName* naming_rule(const std::string& name, const std::vector<GgufTensorName>& names, std::string& hub) {
+  for (const auto& rule : names) {
+    const auto brace = rule.gguf.find("{}");
+    if (brace == std::string::npos) {
+      if (rule.gguf != name) continue;
+      hub = rule.hub;
+      return &rule;
+    }
+    const auto head = rule.gguf.substr(0, brace), tail = rule.gguf.substr(brace + 2);
+    if (name.size() <= head.size() + tail.size() || name.rfind(head, 0) != 0 ||
+        name.compare(name.size() - tail.size(), tail.size(), tail) != 0) {
+      continue;
+    }
+    const auto layer = name.substr(head.size(), name.size() - head.size() - tail.size());
+    if (layer.find_first_not_of("0123456789") != std::string::npos) continue;
+    hub = fmt::format(fmt::runtime(rule.hub), layer);
+    return &rule;
+  }
+  return nullptr;
+}
 
 // The rows of a q or k projection (weight [out, in] or bias [out]) back in Hugging Face's order:
 // llama.cpp stores each head's rows as interleaved pairs (row 2i, 2i + 1 = HF rows i, i + d/2).
@@ -43,22 +68,24 @@ class GgufWeights final : public checkpoint::TensorSource {
     GgufTensorTransform transform;
   };
 
+  // `blocks`: the hub names served as the file's blocks (uint8 rows) rather than dequantized.
   GgufWeights(std::shared_ptr<const GgufFile> file, const std::vector<GgufTensorName>& names, int64_t heads,
-              int64_t kv_heads)
-      : file_(std::move(file)), heads_(heads), kv_heads_(kv_heads) {
-    std::map<std::string, const GgufTensorName*> by_gguf;
-    for (const auto& n : names) by_gguf.emplace(n.gguf, &n);
+              int64_t kv_heads, std::set<std::string> blocks)
+      : file_(std::move(file)), heads_(heads), kv_heads_(kv_heads), blocks_(std::move(blocks)) {
     for (const auto& t : file_->tensors()) {
-      const auto [pattern, layer] = layer_pattern(t.name);
-      const auto it = by_gguf.find(pattern);
-      const std::string hub = it == by_gguf.end() ? t.name : fmt::format(fmt::runtime(it->second->hub), layer);
+      std::string hub = t.name;
+      const auto* rule = naming_rule(t.name, names, hub);
       checkpoint::TensorInfo info;
       info.name = hub;
-      info.dtype = checkpoint::Dtype::F32;
+      info.dtype = blocks_.count(hub) ? checkpoint::Dtype::U8 : checkpoint::Dtype::F32;
       info.shape = t.shape();
+      if (blocks_.count(hub)) {
+        const auto& type = checkpoint::ggml_type_info(t.type);
+        info.shape.back() = info.shape.back() / type.block_size * type.type_size;
+      }
       info.begin = t.begin;
       info.end = t.end;
-      if (!entries_.emplace(hub, Entry{&t, it == by_gguf.end() ? GgufTensorTransform::kNone : it->second->transform}).second) {
+      if (!entries_.emplace(hub, Entry{&t, rule == nullptr ? GgufTensorTransform::kNone : rule->transform}).second) {
         throw CheckpointError(fmt::format("{}: two tensors become '{}' (the second is '{}')", file_->path().string(),
                                           hub, printable(t.name)));
       }
@@ -79,8 +106,8 @@ class GgufWeights final : public checkpoint::TensorSource {
     const auto it = entries_.find(name);
     if (it == entries_.end()) throw CheckpointError(fmt::format("{}: no tensor named '{}'", path().string(), name));
     const auto& [gguf, transform] = it->second;
-    auto t = file_->tensor(gguf->name);
-    if (t.scalar_type() != at::kFloat) t = t.to(at::kFloat);
+    auto t = blocks_.count(name) ? file_->raw(gguf->name) : file_->tensor(gguf->name);
+    if (!blocks_.count(name) && t.scalar_type() != at::kFloat) t = t.to(at::kFloat);
     switch (transform) {
       case GgufTensorTransform::kNone: return t;
       case GgufTensorTransform::kUnpermuteQ: return unpermute(t, heads_, gguf->name, path());
@@ -90,18 +117,9 @@ class GgufWeights final : public checkpoint::TensorSource {
   }
 
  private:
-  // "blk.12.attn_q.weight" -> ("blk.{}.attn_q.weight", 12); other names as they are.
-  static std::pair<std::string, int64_t> layer_pattern(const std::string& name) {
-    constexpr std::string_view kPrefix = "blk.";
-    if (name.rfind(kPrefix, 0) != 0) return {name, -1};
-    size_t end = kPrefix.size();
-    while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
-    if (end == kPrefix.size() || end >= name.size() || name[end] != '.' || end - kPrefix.size() > 9) return {name, -1};
-    return {"blk.{}" + name.substr(end), std::stoll(name.substr(kPrefix.size(), end - kPrefix.size()))};
-  }
-
   std::shared_ptr<const GgufFile> file_;
   int64_t heads_, kv_heads_;
+  std::set<std::string> blocks_;
   std::vector<checkpoint::TensorInfo> infos_;
   std::map<std::string, size_t> index_;
   std::map<std::string, Entry> entries_;
@@ -109,7 +127,52 @@ class GgufWeights final : public checkpoint::TensorSource {
 
 }  // namespace
 
-GgufModel read_gguf_model(const fs::path& path, const FamilyRegistry& families) {
+namespace {
+
+// Projections whose block type a loaded quantization method multiplies stay blocks: the method's
+// quantization_config goes into the config, and the names into `blocks`.
+void keep_blocks(const GgufFile& file, const std::vector<GgufTensorName>& names, const FamilyRegistry& families,
+                 nlohmann::json& config, std::set<std::string>& blocks) {
+  std::shared_ptr<const QuantizationMethod> method;
+  for (const auto& name : families.quantization_methods()) {
+    const auto m = families.quantization_method(name);
+    if (m && !m->ggml_types.empty()) method = m;
+  }
+  if (!method) return;
+  std::map<std::string, std::string> module_type;  // projection module -> its type, lower case
+  std::vector<std::string> in_float;
+  std::map<std::string, int> counts;
+  for (const auto& t : file.tensors()) {
+    std::string hub;
+    const auto* rule = naming_rule(t.name, names, hub);
+    if (rule == nullptr || !rule->projection) continue;
+    const std::string type = checkpoint::ggml_type_info(t.type).name;
+    const auto module = hub.substr(0, hub.rfind('.'));
+    if (std::find(method->ggml_types.begin(), method->ggml_types.end(), type) == method->ggml_types.end()) {
+      in_float.push_back(module);
+      continue;
+    }
+    std::string lower = type;
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+    module_type[module] = lower;
+    ++counts[lower];
+    blocks.insert(hub);
+  }
+  if (blocks.empty()) return;
+  const auto common = std::max_element(counts.begin(), counts.end(), [](const auto& a, const auto& b) {
+                        return a.second < b.second;
+                      })->first;
+  nlohmann::json q{{"quant_method", method->name}, {"format", common}};
+  for (const auto& [module, type] : module_type) {
+    if (type != common) q["module_formats"][module] = type;
+  }
+  if (!in_float.empty()) q["modules_to_not_convert"] = in_float;
+  config["quantization_config"] = q;
+}
+
+}  // namespace
+
+GgufModel read_gguf_model(const fs::path& path, const FamilyRegistry& families, bool dequantize) {
   GgufModel model;
   model.file = GgufFile::open(path);
   const GgufMetadata metadata(*model.file);
@@ -121,9 +184,11 @@ GgufModel read_gguf_model(const fs::path& path, const FamilyRegistry& families) 
                                   path.string(), printable(metadata.architecture()), fmt::join(known, ", ")));
   }
   model.config = family->gguf->config(metadata);
+  std::set<std::string> blocks;
+  if (!dequantize) keep_blocks(*model.file, family->gguf->tensors, families, model.config, blocks);
   const auto heads = model.config.value("num_attention_heads", int64_t{0});
   const auto kv_heads = model.config.value("num_key_value_heads", heads);
-  model.tensors = std::make_shared<GgufWeights>(model.file, family->gguf->tensors, heads, kv_heads);
+  model.tensors = std::make_shared<GgufWeights>(model.file, family->gguf->tensors, heads, kv_heads, std::move(blocks));
   return model;
 }
 

@@ -99,6 +99,11 @@ struct TORCHPATCH_API QuantizationMethod {
   /// The patch mapping entries for `quantization_config`; ConfigError naming what is wrong in it.
   std::function<PatchMapping::Items(const nlohmann::json& quantization_config)> patches;
   Origin origin;
+  /// GGML block types its classes multiply as they are stored ("Q8_0", ...): a GGUF file's
+  /// projections of these types load as their blocks, under a quantization_config of this method
+  /// ({"format": the most common type in lower case, "module_formats": {path: type} for the others,
+  /// "modules_to_not_convert": [the projections held in float]}); empty: none.
+  std::vector<std::string> ggml_types;
 };
 
 /// The families torchpatch can build, by model_type. Adding one registers its patch points, recorders

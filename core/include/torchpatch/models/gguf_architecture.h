@@ -58,6 +58,9 @@ struct TORCHPATCH_API GgufTensorName {
   std::string gguf;  ///< e.g. "blk.{}.attn_q.weight"
   std::string hub;   ///< e.g. "model.layers.{}.self_attn.q_proj.weight"
   GgufTensorTransform transform = GgufTensorTransform::kNone;
+  /// The weight of a Linear patch point (a projection): held as the file's blocks where a loaded
+  /// quantization method multiplies its type (runtime/gguf_model.h).
+  bool projection = false;
 };
 
 struct TORCHPATCH_API GgufArchitecture {

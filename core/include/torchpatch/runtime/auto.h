@@ -52,6 +52,9 @@ struct TORCHPATCH_API PretrainedOptions {
   bool copy_weights = false;
   /// Hears the checkpoint's bytes loaded so far (checkpoint::LoadOptions::progress).
   checkpoint::Progress progress;
+  /// A GGUF file's projections are dequantized to float32 even where a loaded quantization method
+  /// multiplies their blocks (read_gguf_model).
+  bool dequantize = false;
 };
 
 /// Throws DeviceError, naming each module path and class, if a module of `model` cannot run on

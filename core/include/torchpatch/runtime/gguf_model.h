@@ -28,16 +28,21 @@ struct TORCHPATCH_API GgufModel {
   std::shared_ptr<const checkpoint::GgufFile> file;
   /// What config.json would hold (Family::gguf's config).
   nlohmann::json config;
-  /// The tensors under Hugging Face's names, dequantized to float32 as they are read (and q/k rows
-  /// put back in Hugging Face's order where llama.cpp permuted them). A tensor no naming rule knows
-  /// keeps its GGUF name, so loading reports it as unexpected.
+  /// The tensors under Hugging Face's names, the projections kept as blocks as uint8 rows, the rest
+  /// dequantized to float32 as they are read (q/k rows put back in Hugging Face's order where
+  /// llama.cpp permuted them). A tensor no naming rule knows keeps its GGUF name, so loading reports
+  /// it as unexpected.
   std::shared_ptr<const checkpoint::TensorSource> tensors;
 };
 
-/// Reads `path` (a .gguf file). ConfigError naming the file when no family reads its architecture
-/// (listing those that are read) or its metadata lacks what the family needs; CheckpointError for a
-/// file that is not valid GGUF.
-TORCHPATCH_API GgufModel read_gguf_model(const std::filesystem::path& path, const FamilyRegistry& families);
+/// Reads `path` (a .gguf file). Projections whose block type a quantization method of `families`
+/// multiplies (QuantizationMethod::ggml_types: the bundled plugin 'quantized' has Q8_0 and Q4_0) are
+/// kept as the file's blocks, byte for byte, under that method's quantization_config; the rest, and
+/// everything with `dequantize`, is dequantized to float32. ConfigError naming the file when no
+/// family reads its architecture (listing those that are read) or its metadata lacks what the family
+/// needs; CheckpointError for a file that is not valid GGUF.
+TORCHPATCH_API GgufModel read_gguf_model(const std::filesystem::path& path, const FamilyRegistry& families,
+                                         bool dequantize = false);
 
 /// The tokenizer a GGUF file carries (tokenizer.ggml.*): the tokenizer.json llama.cpp's converter
 /// read, rebuilt (runtime/gguf_tokenizer.cpp; docs/gguf.md lists the pre-tokenizers). ConfigError
