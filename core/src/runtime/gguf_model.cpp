@@ -244,12 +244,13 @@ GgufSaveReport save_gguf_model(const PretrainedModel& model, const fs::path& fil
   metadata.emplace_back("general.file_type", checkpoint::GgufValue::of(uint32_t{0}));
   if (!options.gguf_from.empty()) {
     const auto source = GgufFile::open(options.gguf_from);
-    for (const auto& [key, value] : source->metadata()) {
+    for (const auto& entry : source->metadata()) {  // not a structured binding: the lambda captures the key (C++17)
+      const std::string& key = entry.first;
       if (key.rfind("tokenizer.", 0) == 0 || (key.rfind("general.", 0) == 0 && key != "general.architecture" &&
                                                key != "general.alignment" && key != "general.file_type")) {
         metadata.erase(std::remove_if(metadata.begin(), metadata.end(), [&](const auto& m) { return m.first == key; }),
                        metadata.end());
-        metadata.emplace_back(key, value);
+        metadata.emplace_back(key, entry.second);
       }
     }
     report.tokenizer = source->find_value("tokenizer.ggml.model") ? "the GGUF file's" : "none (the GGUF file had none)";
