@@ -32,7 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } catch (const torchpatch::Error&) {
   }
   try {
-    (void)torchpatch::text::Tokenizer::from_gguf(file.path()).encode("Hello, world 123");
+    (void)torchpatch::gguf_tokenizer(file.path()).encode("Hello, world 123");
   } catch (const torchpatch::Error&) {
   }
   return 0;

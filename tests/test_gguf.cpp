@@ -178,7 +178,8 @@ TEST_CASE("GGUF: every truncation of a file is refused with the file named, neve
   const std::string bytes((std::istreambuf_iterator<char>(in)), {});
   // The file ends in padding after its last tensor: every cut before that tensor's end must be refused.
   uint64_t data_end = 0;
-  for (const auto& t : GgufFile::open(gguf_data("all_types_v3.gguf"))->tensors()) data_end = std::max(data_end, t.end);
+  const auto whole = GgufFile::open(gguf_data("all_types_v3.gguf"));
+  for (const auto& t : whole->tensors()) data_end = std::max(data_end, t.end);
   REQUIRE(data_end <= bytes.size());
   const auto path = testutil::temp_file("truncated.gguf");
   int refused = 0;
