@@ -156,9 +156,8 @@ std::pair<json, json> byte_level_bpe(const VocabReader& r) {
 
 namespace {
 
-std::pair<json, json> tokenizer_json_of(const std::filesystem::path& path) {
-  const auto file = GgufFile::open(path);
-  const VocabReader r(*file);
+std::pair<json, json> tokenizer_json_of(const GgufFile& file) {
+  const VocabReader r(file);
   const auto model = r.text("tokenizer.ggml.model", "");
   if (model.empty()) r.fail("tokenizer.ggml.model", "missing: the file carries no tokenizer (give one with --tokenizer DIR)");
   if (model != "gpt2") {
@@ -172,13 +171,14 @@ std::pair<json, json> tokenizer_json_of(const std::filesystem::path& path) {
 }  // namespace
 
 text::Tokenizer gguf_tokenizer(const std::filesystem::path& path) {
-  const auto [tokenizer, config] = tokenizer_json_of(path);
+  const auto [tokenizer, config] = tokenizer_json_of(*GgufFile::open(path));
   return text::Tokenizer::from_json(tokenizer, &config, path, path.string());
 }
 
 std::vector<std::pair<std::string, std::string>> gguf_tokenizer_files(const std::filesystem::path& path) {
-  if (GgufFile::open(path)->find_value("tokenizer.ggml.model") == nullptr) return {};
-  const auto [tokenizer, config] = tokenizer_json_of(path);
+  const auto file = GgufFile::open(path);  // one read of its header, vocabulary included
+  if (file->find_value("tokenizer.ggml.model") == nullptr) return {};
+  const auto [tokenizer, config] = tokenizer_json_of(*file);
   return {{"tokenizer.json", tokenizer.dump(2)}, {"tokenizer_config.json", config.dump(2)}};
 }
 
