@@ -264,10 +264,120 @@ TEST_CASE("GGUF: a Llama written as llama.cpp writes one loads as the checkpoint
   CHECK(tokenizer.bos_token_id() == 1);
 }
 
+namespace {
+
+// Logits of the reference case's padded batch (at real tokens) and of each row alone, within the
+// manifest's tolerance; prints each max difference.
+void check_reference_logits(PretrainedModel& model, const std::string& name, const nlohmann::json& entry) {
+  const auto ref = SafetensorsFile::open(testutil::data_dir() / entry["reference"].get<std::string>() /
+                                         "reference.safetensors");
+  const auto atol = entry["atol"].get<double>(), rtol = entry["rtol"].get<double>();
+  at::NoGradGuard no_grad;
+  ModelInputs in;
+  in.input_ids = ref->tensor("input_ids");
+  in.attention_mask = ref->tensor("attention_mask");
+  in.position_ids = ref->tensor("position_ids");
+  CHECK(testutil::close(name + " logits", model.forward(in).logits, ref->tensor("logits"), in.attention_mask, atol,
+                        rtol));
+  for (const std::string row : {"row0_", "row1_"}) {
+    ModelInputs alone;
+    alone.input_ids = ref->tensor(row + "input_ids");
+    CHECK(testutil::close(name + " " + row + "logits", model.forward(alone).logits, ref->tensor(row + "logits"), {},
+                          atol, rtol));
+  }
+}
+
+// Two metadata values alike: numbers by value (a UINT32 and an INT32 16 are the same), the rest by type and content.
+bool same_value(const GgufValue& a, const GgufValue& b) {
+  if (a.type != GgufType::BOOL && b.type != GgufType::BOOL && a.as_number() && b.as_number()) {
+    return *a.as_number() == *b.as_number();
+  }
+  if (a.type != b.type) return false;
+  if (a.type == GgufType::STRING) return a.text == b.text;
+  if (a.type == GgufType::BOOL) return a.boolean == b.boolean;
+  if (a.type != GgufType::ARRAY || a.array.size() != b.array.size()) return false;
+  for (size_t i = 0; i < a.array.size(); ++i) {
+    if (!same_value(a.array[i], b.array[i])) return false;
+  }
+  return true;
+}
+
+// `ours` holds every tensor of `theirs` (and no other) with the same type, shape and bytes, and every
+// key of the architecture that `theirs` has, with the same value.
+void check_same_file(const GgufFile& ours, const GgufFile& theirs) {
+  CHECK(ours.tensors().size() == theirs.tensors().size());
+  for (const auto& t : theirs.tensors()) {
+    INFO("tensor " << t.name);
+    const auto* mine = ours.find(t.name);
+    REQUIRE(mine != nullptr);
+    CHECK(mine->type == t.type);
+    CHECK(mine->dims == t.dims);
+    CHECK(at::equal(ours.raw(t.name), theirs.raw(t.name)));
+  }
+  const auto arch = theirs.find_value("general.architecture")->text;
+  CHECK(ours.find_value("general.architecture")->text == arch);
+  for (const auto& [key, value] : theirs.metadata()) {
+    if (key.rfind(arch + ".", 0) != 0) continue;
+    INFO("metadata " << key);
+    const auto* mine = ours.find_value(key);
+    REQUIRE(mine != nullptr);
+    CHECK(same_value(*mine, value));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("GGUF: llama.cpp's converter's files load as the reference checkpoints and save back byte for byte",
+          "[gguf][reference]") {
+  // tests/data/gguf/converted: the reference checkpoints of several families as llama.cpp's own
+  // converter writes them (make_converted_gguf.py); manifest.json says which case each file is.
+  const auto dir = gguf_data("converted");
+  const auto manifest = read_json(dir / "manifest.json");
+  REQUIRE(!manifest["cases"].empty());
+  for (const auto& entry : manifest["cases"]) {
+    const std::string name = entry["case"];
+    INFO("case " << name);
+    const auto file = dir / entry["file"].get<std::string>();
+    const auto hub_config = read_json(testutil::data_dir() / entry["reference"].get<std::string>() / "config.json");
+    // The config llama.cpp runs the file with, before any override.
+    const auto read = read_gguf_model(file, default_registries().families());
+    auto config = ModelConfig::from_json(read.config, file.string()).to_json();  // the family's fields
+    for (const auto& [field, value] : read.config.items()) {
+      if (!config.contains(field)) config[field] = value;  // and config.json's own (head_dim)
+    }
+    const auto from_file = entry.value("config_from_file", nlohmann::json::object());
+    for (const auto& [field, value] : from_file.items()) {
+      INFO("config field " << field);
+      REQUIRE(config.contains(field));
+      CHECK(config.at(field) == value);
+    }
+    PretrainedOptions options;
+    options.config_overrides = entry.value("config_overrides", nlohmann::json::object());
+    const auto model = from_pretrained(file, options);
+    CHECK(model->class_name() == hub_config["architectures"][0].get<std::string>());
+    check_reference_logits(*model, name + ".gguf", entry);
+
+    // Saved as GGUF: the converter's tensors byte for byte and its keys, read back as the same model.
+    const auto saved = testutil::temp_file(name + "-saved.gguf");
+    GgufSaveOptions save;
+    save.gguf_from = file;
+    save_gguf_model(*model, saved, default_registries().families(), save);
+    check_same_file(*GgufFile::open(saved), *GgufFile::open(file));
+    const auto back = from_pretrained(saved);  // no overrides: the saved file says what they said
+    auto theirs = back->named_parameters();
+    for (const auto& p : model->named_parameters()) {
+      INFO(p.key());
+      CHECK(at::equal(p.value(), theirs[p.key()]));
+    }
+    check_reference_logits(*back, name + " saved back", entry);
+    std::filesystem::remove(saved);
+  }
+}
+
 TEST_CASE("GGUF: a file no family reads is refused naming its architecture and those that are read", "[gguf]") {
   REQUIRE_THROWS_WITH(from_pretrained(gguf_data("all_types_v3.gguf")),
                       Contains("general.architecture 'test' is not one torchpatch reads from GGUF files (it reads: "
-                               "llama, qwen2, qwen3)"));
+                               "gemma3, granite, llama, olmo2, qwen2, qwen3, smollm3)"));
   const auto r = testutil::torchpatch_cli("run --model " + gguf_data("all_types_v3.gguf").string() + " --prompt-ids 1,2");
   CHECK(r.code != 0);
   CHECK_THAT(r.out, Contains("general.architecture 'test'") && !Contains("Exception raised from"));
@@ -318,8 +428,10 @@ TEST_CASE("GGUF: save --format gguf writes what llama.cpp's converter writes, an
   std::filesystem::remove(q8);
 }
 
-TEST_CASE("GGUF: Qwen3 and Llama presets go through GGUF and come back as the same model", "[gguf]") {
-  for (const std::string preset : {"tiny-qwen3", "tiny-llama"}) {
+TEST_CASE("GGUF: presets of the families with a GGUF architecture go through GGUF and come back as the same model",
+          "[gguf]") {
+  for (const std::string preset :
+       {"tiny-qwen3", "tiny-llama", "tiny-olmo2", "tiny-granite", "tiny-smollm3", "tiny-gemma3"}) {
     INFO(preset);
     const auto file = testutil::temp_file(preset + ".gguf");
     const auto r = testutil::torchpatch_cli("save --preset " + preset + " --format gguf --output " + file.string());
@@ -328,10 +440,17 @@ TEST_CASE("GGUF: Qwen3 and Llama presets go through GGUF and come back as the sa
     const auto original = preset_model(preset, 0);
     const auto back = from_pretrained(file);
     CHECK(back->class_name() == original->class_name());
+    // Gemma 3's alternating layers go out as attention.sliding_window_pattern and come back.
+    CHECK(back->config().decoder.layer_types == original->config().decoder.layer_types);
     auto theirs = back->named_parameters();
     for (const auto& p : original->named_parameters()) {
       INFO(p.key());
-      CHECK(at::equal(p.value(), theirs[p.key()]));
+      // Gemma's norms travel as 1 + w: that sum, what the norm multiplies by, comes back bit for bit.
+      const bool plus_one = preset == "tiny-gemma3" && p.key().size() > 11 &&
+                            p.key().compare(p.key().size() - 11, 11, "norm.weight") == 0;
+      const bool same =
+          plus_one ? at::equal(p.value() + 1, theirs[p.key()] + 1) : at::equal(p.value(), theirs[p.key()]);
+      CHECK(same);
     }
     std::filesystem::remove(file);
   }

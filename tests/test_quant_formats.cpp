@@ -137,7 +137,9 @@ TEST_CASE("shapes and values that cannot be quantized are refused naming the ten
   CHECK_THROWS_WITH(torchpatch::nn::dequantize(QuantFormat::kQ4_0, at::zeros({2, 35}, at::kByte), "w"),
                     "tensor 'w': q4_0 blocks are uint8 rows of whole 18-byte blocks, not Byte 2x35");
   CHECK(torchpatch::nn::parse_quant_format("Q8_0") == QuantFormat::kQ8_0);
-  CHECK_FALSE(torchpatch::nn::parse_quant_format("q5_k"));
+  CHECK(torchpatch::nn::parse_quant_format("q5_k") == QuantFormat::kQ5_K);  // read from GGUF files, not written
+  CHECK_FALSE(torchpatch::nn::quantizes_to(QuantFormat::kQ5_K));
+  CHECK_FALSE(torchpatch::nn::parse_quant_format("q7_x"));
 }
 
 TEST_CASE("a subnormal scale saturates instead of overflowing", "[quant]") {

@@ -222,3 +222,65 @@ TEST_CASE("a quantized product reports operands that do not fit", "[quant][kerne
   CHECK_THROWS_WITH(torchpatch::nn::quant_linear(QuantFormat::kQ8_0, at::randn({1, 64}), q4, 4),
                     Contains("must be contiguous uint8 [4, 68]"));
 }
+
+namespace {
+
+// Random blocks of a GGUF-only format: random bytes with every fp16 scale set to a small finite value.
+at::Tensor random_blocks(QuantFormat format, int64_t rows, int64_t in) {
+  const int64_t bytes = torchpatch::nn::block_bytes(format), blocks = in / torchpatch::nn::block_weights(format);
+  auto t = at::randint(0, 256, {rows, blocks, bytes}, at::kByte);
+  std::vector<int64_t> scales;  // byte offsets of the fp16 fields in a block
+  switch (format) {
+    case QuantFormat::kQ4_1: case QuantFormat::kQ5_1: case QuantFormat::kQ4_K: case QuantFormat::kQ5_K: scales = {0, 2}; break;
+    case QuantFormat::kQ5_0: scales = {0}; break;
+    case QuantFormat::kQ2_K: scales = {80, 82}; break;
+    case QuantFormat::kQ3_K: scales = {108}; break;
+    case QuantFormat::kQ6_K: scales = {208}; break;
+    default: FAIL("not a GGUF-only format");
+  }
+  for (const int64_t at : scales) {
+    const auto values = (at::rand({rows, blocks}) * 0.01 + 0.001).to(at::kHalf).view(at::kByte);
+    t.narrow(2, at, 2).copy_(values.reshape({rows, blocks, 2}));
+  }
+  return t.reshape({rows, blocks * bytes});
+}
+
+}  // namespace
+
+TEST_CASE("products with GGUF's other block formats equal the float product of their dequantized weights within rounding",
+          "[quant][kernels][gguf]") {
+  at::manual_seed(21);
+  const QuantFormat formats[] = {QuantFormat::kQ4_1, QuantFormat::kQ5_0, QuantFormat::kQ5_1, QuantFormat::kQ2_K,
+                                 QuantFormat::kQ3_K, QuantFormat::kQ4_K, QuantFormat::kQ5_K, QuantFormat::kQ6_K};
+  for (const auto format : formats) {
+    const int64_t weights = torchpatch::nn::block_weights(format);
+    // One block, an odd count, several; a few tokens go row by row, 16 and more by tiles of 64 rows.
+    for (const int64_t in : {weights, 3 * weights, 8 * weights}) {
+      for (const int64_t rows : {1, 17, 70}) {
+        for (const int64_t tokens : {1, 2, 5, 17}) {
+          const auto blocks = random_blocks(format, rows, in);
+          const auto dense = torchpatch::nn::dequantize(format, blocks, "w");
+          const auto x = at::randn({tokens, in});
+          const auto bias = rows % 2 ? at::randn({rows}) : at::Tensor();
+          const auto expected = at::matmul(x.to(at::kDouble), dense.to(at::kDouble).t()) +
+                                (bias.defined() ? bias.to(at::kDouble) : at::zeros({rows}, at::kDouble));
+          // The activations are not quantized: only float rounding (sums in another order, a fused a q + b).
+          const auto bound = 1e-5 * at::matmul(x.abs().to(at::kDouble), dense.abs().to(at::kDouble).t()) + 1e-6;
+          INFO(torchpatch::nn::format_name(format) << " rows " << rows << " in " << in << " tokens " << tokens);
+          for (const auto kernel : {QuantKernel::kScalar, QuantKernel::kAvx2, QuantKernel::kAvx512}) {
+            if (!torchpatch::nn::quant_kernel_available(kernel)) continue;
+            const auto y = product(kernel, format, x, blocks, rows, bias);
+            INFO("kernel " << static_cast<int>(kernel) << " max difference "
+                           << (y.to(at::kDouble) - expected).abs().max().item<double>());
+            CHECK(((y.to(at::kDouble) - expected).abs() - bound).max().item<double>() <= 0);
+          }
+        }
+      }
+    }
+  }
+  // They are read, not written; and a product on a GPU is refused before anything runs.
+  CHECK_THROWS_WITH(torchpatch::nn::quantize(QuantFormat::kQ4_K, at::randn({2, 256}), "w"),
+                    Contains("q4_k blocks are read from GGUF files, not written"));
+  CHECK_THROWS_WITH(torchpatch::nn::quant_linear(QuantFormat::kQ6_K, at::randn({1, 200}), random_blocks(QuantFormat::kQ6_K, 2, 256), 2),
+                    Contains("a multiple of 256"));
+}

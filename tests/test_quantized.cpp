@@ -358,11 +358,15 @@ TEST_CASE("broken quantized checkpoints and configs are clear errors", "[quant][
   CHECK_THROWS_WITH(load_case(dir.path.string()),
                     Contains("model.layers.0.self_attn.k_proj.weight") && Contains("[32, 63]"));
 
-  auto config = ggml_config("q5_k");
+  auto config = ggml_config("q7_x");
   PretrainedOptions unknown_format;
   unknown_format.config_overrides["quantization_config"] = config;
   CHECK_THROWS_WITH(load_case("llama_basic", unknown_format),
-                    Contains("quantization_config.format: \"q5_k\" is not a format of quant_method 'ggml'"));
+                    Contains("quantization_config.format: \"q7_x\" is not a format of quant_method 'ggml'"));
+  // A format read from GGUF files names the width it cannot hold.
+  PretrainedOptions k_quant;
+  k_quant.config_overrides["quantization_config"] = ggml_config("q5_k");
+  CHECK_THROWS_WITH(load_case("llama_basic", k_quant), Contains("64 input features, not a multiple of 256, so q5_k"));
   PretrainedOptions unknown_method;
   unknown_method.config_overrides["quantization_config"] = {{"quant_method", "awq"}};
   CHECK_THROWS_WITH(load_case("llama_basic", unknown_method),

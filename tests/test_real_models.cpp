@@ -159,33 +159,40 @@ TEST_CASE("SmolLM2 GGUF: the file's tokenizer gives transformers' ids on 1,967 t
   CHECK(tokenizer.pad_token_id() == 2);
 }
 
-TEST_CASE("SmolLM2 GGUF, dequantized: logits within 1e-3 of transformers', greedy ids equal", "[real][gguf][reference]") {
+TEST_CASE("SmolLM2 GGUF, on its Q4_1 blocks and dequantized: logits within 1e-3 of transformers', greedy ids equal",
+          "[real][gguf][reference]") {
   const SmolLm2 m;
-  const auto model = from_pretrained(m.file);
-  REQUIRE(model->class_name() == "LlamaForCausalLM");
-  at::NoGradGuard no_grad;
-  ModelInputs in;
-  in.input_ids = m.get("prompt0.input_ids").unsqueeze(0);
-  const auto out = model->forward(in);
-  CHECK(testutil::close("SmolLM2 prompt0 logits", out.logits[0], m.get("prompt0.logits"), {}, 1e-3, 0));
-  const auto prompts = m.manifest()["prompts"];
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    const auto p = "prompt" + std::to_string(i);
-    const auto ids = m.get(p + ".input_ids").unsqueeze(0);
-    ModelInputs last;
-    last.input_ids = ids;
-    last.logits_to_keep = 1;
-    CHECK(testutil::close("SmolLM2 " + p + " last logits", model->forward(last).logits[0][0], m.get(p + ".logits_last"),
-                          {}, 1e-3, 0));
-    GenerationConfig config;
-    config.max_new_tokens = 20;
-    config.eos_token_ids = {2};
-    config.pad_token_id = 2;
-    const auto generated = generate(*model, ids, {}, config);
-    const auto expected = m.get(p + ".generated_ids");
-    INFO(p << ": " << prompts[i]["text"].get<std::string>());
-    CHECK(as_vector(generated.sequences[0].slice(0, 0, ids.size(1))) == as_vector(ids[0]));
-    CHECK(as_vector(generated.sequences[0].slice(0, ids.size(1), ids.size(1) + expected.size(0))) == as_vector(expected));
+  for (const bool dequantize : {false, true}) {
+    PretrainedOptions options;
+    options.dequantize = dequantize;
+    const auto model = from_pretrained(m.file, options);
+    const std::string mode = dequantize ? "SmolLM2 dequantized " : "SmolLM2 Q4_1 blocks ";
+    INFO(mode);
+    REQUIRE(model->class_name() == "LlamaForCausalLM");
+    at::NoGradGuard no_grad;
+    ModelInputs in;
+    in.input_ids = m.get("prompt0.input_ids").unsqueeze(0);
+    const auto out = model->forward(in);
+    CHECK(testutil::close(mode + "prompt0 logits", out.logits[0], m.get("prompt0.logits"), {}, 1e-3, 0));
+    const auto prompts = m.manifest()["prompts"];
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const auto p = "prompt" + std::to_string(i);
+      const auto ids = m.get(p + ".input_ids").unsqueeze(0);
+      ModelInputs last;
+      last.input_ids = ids;
+      last.logits_to_keep = 1;
+      CHECK(testutil::close(mode + p + " last logits", model->forward(last).logits[0][0], m.get(p + ".logits_last"), {},
+                            1e-3, 0));
+      GenerationConfig config;
+      config.max_new_tokens = 20;
+      config.eos_token_ids = {2};
+      config.pad_token_id = 2;
+      const auto generated = generate(*model, ids, {}, config);
+      const auto expected = m.get(p + ".generated_ids");
+      INFO(p << ": " << prompts[i]["text"].get<std::string>());
+      CHECK(as_vector(generated.sequences[0].slice(0, 0, ids.size(1))) == as_vector(ids[0]));
+      CHECK(as_vector(generated.sequences[0].slice(0, ids.size(1), ids.size(1) + expected.size(0))) == as_vector(expected));
+    }
   }
 }
 

@@ -118,7 +118,9 @@ void apply_patch_args(PluginHost& host, const Args& args) {
 
 nlohmann::json quantization_config_for(const std::string& format_name, const std::vector<std::string>& keep_float) {
   const auto format = nn::parse_quant_format(format_name);
-  if (!format) throw UsageError(fmt::format("--quantize: '{}' is not one of q8_0, q4_0", format_name));
+  if (!format || !nn::quantizes_to(*format)) {
+    throw UsageError(fmt::format("--quantize: '{}' is not one of q8_0, q4_0", format_name));
+  }
   // llama.cpp's defaults: every projection quantized, Q4_0 keeping lm_head at Q8_0; the shared
   // expert's one-row gate, like routers and norms (not Linear patch points), stays in float.
   std::vector<std::string> keep{"shared_expert_gate"};

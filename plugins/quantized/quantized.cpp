@@ -1,4 +1,5 @@
-// quantized: projections and MoE experts with GGUF's Q8_0 / Q4_0 weights (nn/quant.h), and the
+// quantized: projections and MoE experts with GGUF's Q8_0 / Q4_0 weights (nn/quant.h), projections in
+// the formats GGUF files bring (Q4_1, Q5_0, Q5_1, Q2_K .. Q6_K: Q4_1Linear ... Q6_KLinear), and the
 // quantization method "ggml" that builds them for any config whose `quantization_config` names it:
 //
 //   "quantization_config": {"quant_method": "ggml", "format": "q4_0",
@@ -16,6 +17,8 @@
 // to keep the blocks, which are then GGUF's again.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+
+#include <map>
 
 #include "torchpatch/error.h"
 #include "torchpatch/models/blocks.h"
@@ -105,7 +108,7 @@ class LayoutOp : public checkpoint::ConversionOp {
   checkpoint::PatternTensors convert(checkpoint::PatternTensors inputs, const std::vector<std::string>&,
                                      const std::vector<std::string>& targets) const override {
     auto& tensors = inputs.at(0).second;
-    if (torchpatch::nn::preferred_quant_layout() == torchpatch::nn::QuantLayout::kRows16) {
+    if (torchpatch::nn::preferred_quant_layout(format_) == torchpatch::nn::QuantLayout::kRows16) {
       for (auto& t : tensors) {
         if (!t.is_cpu()) continue;  // blocks on a GPU are GGUF's as they are
         if (t.scalar_type() != at::kByte || t.dim() < 2 || t.size(-1) % torchpatch::nn::block_bytes(format_) != 0) continue;
@@ -129,24 +132,30 @@ checkpoint::OpPtr repack_op(QuantFormat format) { return std::make_shared<Layout
 // -- shared ---------------------------------------------------------------------------------------------
 
 // A weight's blocks: uninitialised under SkipInit (a checkpoint fills them), else `init`'s float
-// values quantized, in the preferred layout.
+// values quantized, in the preferred layout (zeros for a format only read from GGUF files).
 at::Tensor new_blocks(QuantFormat format, std::vector<int64_t> float_shape, const std::string& name) {
-  if (torchpatch::nn::SkipInit::active()) {
+  if (torchpatch::nn::SkipInit::active() || !torchpatch::nn::quantizes_to(format)) {
     auto shape = float_shape;
-    shape.back() = shape.back() / torchpatch::nn::kQuantBlockSize * torchpatch::nn::block_bytes(format);
-    return at::empty(shape, at::kByte);
+    shape.back() = shape.back() / torchpatch::nn::block_weights(format) * torchpatch::nn::block_bytes(format);
+    return torchpatch::nn::SkipInit::active() ? at::empty(shape, at::kByte) : at::zeros(shape, at::kByte);
   }
   const auto blocks = torchpatch::nn::quantize(format, torchpatch::nn::new_parameter(float_shape), name);
-  if (torchpatch::nn::preferred_quant_layout() == torchpatch::nn::QuantLayout::kBlocks) return blocks;
+  if (torchpatch::nn::preferred_quant_layout(format) == torchpatch::nn::QuantLayout::kBlocks) return blocks;
   return torchpatch::nn::pack_blocks(format, blocks, name);
 }
 
 void check_quantizable(QuantFormat format, int64_t in_features, const std::string& tensor) {
-  if (in_features % torchpatch::nn::kQuantBlockSize != 0 || in_features <= 0) {
-    throw ConfigError(fmt::format("{} has {} input features, not a multiple of 32, so {} cannot quantize it; keep its "
+  const int64_t weights = torchpatch::nn::block_weights(format);
+  if (in_features % weights != 0 || in_features <= 0) {
+    throw ConfigError(fmt::format("{} has {} input features, not a multiple of {}, so {} cannot hold it; keep its "
                                   "module in float (quantization_config.modules_to_not_convert)",
-                                  tensor, in_features, torchpatch::nn::format_name(format)));
+                                  tensor, in_features, weights, torchpatch::nn::format_name(format)));
   }
+}
+
+// "Q8_0Linear", "Q4_KExperts": GGML's name of the format, then what it replaces.
+std::string class_name(QuantFormat format, const char* what) {
+  return std::string(torchpatch::nn::ggml_type_info(torchpatch::nn::ggml_type(format)).name) + what;
 }
 
 // x in any float dtype -> float32 for the kernels, and the result back to x's dtype.
@@ -160,7 +169,7 @@ at::Tensor in_float(const at::Tensor& x, Fn&& fn) {
 void move_blocks(QuantFormat format, torch::nn::Module& module, torchpatch::nn::QuantLayout& layout,
                  torch::Device device) {
   using torchpatch::nn::QuantLayout;
-  const auto wanted = device.is_cpu() ? torchpatch::nn::preferred_quant_layout() : QuantLayout::kBlocks;
+  const auto wanted = device.is_cpu() ? torchpatch::nn::preferred_quant_layout(format) : QuantLayout::kBlocks;
   for (auto& item : module.named_parameters(/*recurse=*/false)) {
     auto& blocks = item.value();
     if (blocks.scalar_type() != at::kByte) {
@@ -220,7 +229,7 @@ class QuantizedLinear : public torchpatch::roles::Linear {
 
  private:
   static constexpr QuantFormat kFormat = F;
-  torchpatch::nn::QuantLayout layout_ = torchpatch::nn::preferred_quant_layout();
+  torchpatch::nn::QuantLayout layout_ = torchpatch::nn::preferred_quant_layout(F);
   void convert_float_parts(torch::Dtype dtype, bool non_blocking) {
     if (bias.defined()) bias.set_data(bias.to(dtype, non_blocking));
   }
@@ -272,7 +281,7 @@ class QuantizedExperts : public torchpatch::roles::Experts {
  private:
   void convert_float_parts(torch::Dtype, bool) {}
   static constexpr QuantFormat kFormat = F;
-  torchpatch::nn::QuantLayout layout_ = torchpatch::nn::preferred_quant_layout();
+  torchpatch::nn::QuantLayout layout_ = torchpatch::nn::preferred_quant_layout(F);
   int64_t num_experts_ = 0, intermediate_ = 0, hidden_ = 0;
   torchpatch::nn::Activation act_ = torchpatch::nn::Activation::kSilu;
 };
@@ -341,7 +350,7 @@ class QuantizedClampedSwigluExperts : public torchpatch::roles::Experts {
     down_proj_bias.set_data(down_proj_bias.to(dtype, non_blocking));
   }
   static constexpr QuantFormat kFormat = F;
-  torchpatch::nn::QuantLayout layout_ = torchpatch::nn::preferred_quant_layout();
+  torchpatch::nn::QuantLayout layout_ = torchpatch::nn::preferred_quant_layout(F);
   torchpatch::nn::ClampedSwigluExpertsOptions options_;
 };
 
@@ -355,25 +364,27 @@ checkpoint::ConversionRules clamped_swiglu_experts_rules(QuantFormat format) {
 
 // -- the "ggml" quantization method --------------------------------------------------------------------
 
-// Every class here runs on the CPU's kernels and on CUDA's (nn/quant.h).
-torchpatch::ModuleClass on_cpu_and_cuda(torchpatch::ModuleClass cls) {
+// Q8_0 and Q4_0 run on the CPU's kernels and on CUDA's, the formats read from GGUF files on the CPU's (nn/quant.h).
+torchpatch::ModuleClass on_devices(QuantFormat format, torchpatch::ModuleClass cls) {
+  if (!torchpatch::nn::quantizes_to(format)) return torchpatch::with_devices(std::move(cls), {c10::kCPU});
   return torchpatch::with_devices(std::move(cls), {c10::kCPU, c10::kCUDA});
 }
 
 template <QuantFormat F>
 torchpatch::ModuleClass linear_class() {
-  return on_cpu_and_cuda(torchpatch::module_class<QuantizedLinear<F>>(F == QuantFormat::kQ8_0 ? "Q8_0Linear" : "Q4_0Linear"));
+  return on_devices(F, torchpatch::module_class<QuantizedLinear<F>>(class_name(F, "Linear")));
 }
 
 template <QuantFormat F>
 torchpatch::ModuleClass experts_class() {
-  return on_cpu_and_cuda(torchpatch::module_class<QuantizedExperts<F>>(F == QuantFormat::kQ8_0 ? "Q8_0Experts" : "Q4_0Experts"));
+  return on_devices(F, torchpatch::module_class<QuantizedExperts<F>>(class_name(F, "Experts")));
 }
 
 QuantFormat format_field(const nlohmann::json& value, const std::string& field) {
   const auto format = value.is_string() ? torchpatch::nn::parse_quant_format(value.get<std::string>()) : std::nullopt;
   if (!format) {
-    throw ConfigError(fmt::format("quantization_config.{}: {} is not a format of quant_method '{}' (q8_0, q4_0)",
+    throw ConfigError(fmt::format("quantization_config.{}: {} is not a format of quant_method '{}' (q8_0, q4_0, and "
+                                  "from GGUF files q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k)",
                                   field, value.dump(), kMethod));
   }
   return *format;
@@ -396,13 +407,29 @@ std::vector<std::string> string_list(const nlohmann::json& config, const char* f
 
 template <QuantFormat F>
 torchpatch::ModuleClass clamped_swiglu_experts_class() {
-  return on_cpu_and_cuda(torchpatch::module_class<QuantizedClampedSwigluExperts<F>>(
-      F == QuantFormat::kQ8_0 ? "Q8_0ClampedSwigluExperts" : "Q4_0ClampedSwigluExperts"));
+  return on_devices(F, torchpatch::module_class<QuantizedClampedSwigluExperts<F>>(class_name(F, "ClampedSwigluExperts")));
 }
 
 /// What each format replaces: a Linear, nn::FusedExperts, nn::ClampedSwigluExperts.
 enum class Replaced { kLinear, kExperts, kClampedSwigluExperts };
 
+torchpatch::ModuleClass linear_of(QuantFormat format) {
+  switch (format) {
+    case QuantFormat::kQ8_0: return linear_class<QuantFormat::kQ8_0>();
+    case QuantFormat::kQ4_0: return linear_class<QuantFormat::kQ4_0>();
+    case QuantFormat::kQ4_1: return linear_class<QuantFormat::kQ4_1>();
+    case QuantFormat::kQ5_0: return linear_class<QuantFormat::kQ5_0>();
+    case QuantFormat::kQ5_1: return linear_class<QuantFormat::kQ5_1>();
+    case QuantFormat::kQ2_K: return linear_class<QuantFormat::kQ2_K>();
+    case QuantFormat::kQ3_K: return linear_class<QuantFormat::kQ3_K>();
+    case QuantFormat::kQ4_K: return linear_class<QuantFormat::kQ4_K>();
+    case QuantFormat::kQ5_K: return linear_class<QuantFormat::kQ5_K>();
+    case QuantFormat::kQ6_K: return linear_class<QuantFormat::kQ6_K>();
+  }
+  throw ConfigError("unknown quantization format");
+}
+
+// Experts in Q8_0 or Q4_0 (the formats torchpatch quantizes to).
 torchpatch::ModuleClass of_format(QuantFormat format, Replaced what) {
   const bool q8 = format == QuantFormat::kQ8_0;
   switch (what) {
@@ -411,29 +438,31 @@ torchpatch::ModuleClass of_format(QuantFormat format, Replaced what) {
       return q8 ? clamped_swiglu_experts_class<QuantFormat::kQ8_0>() : clamped_swiglu_experts_class<QuantFormat::kQ4_0>();
     case Replaced::kLinear: break;
   }
-  return q8 ? linear_class<QuantFormat::kQ8_0>() : linear_class<QuantFormat::kQ4_0>();
+  return linear_of(format);
 }
 
-// {"Linear": the format's class (minus what is kept in float or given another format), "^Linear$":
-// the other format where module_formats asks for it, the experts of both MoE families}.
+// {"Linear": the format's class (minus what is kept in float or given another format), then per
+// other format that module_formats names a pattern matching Linear for its modules (`^Linear$`, then
+// `^Linear$(?!q6_k)` naming the format, as keys are unique), then the experts of the MoE families}.
 torchpatch::PatchMapping::Items ggml_patches(const nlohmann::json& config) {
   const auto format = format_field(config.contains("format") ? config["format"] : nlohmann::json(), "format");
   auto keep = string_list(config, "modules_to_not_convert");
-  std::vector<std::string> other_paths;
-  std::optional<QuantFormat> other;
+  std::map<QuantFormat, std::vector<std::string>> others;  // format -> its module paths
   if (auto it = config.find("module_formats"); it != config.end() && !it->is_null()) {
     if (!it->is_object()) throw ConfigError("quantization_config.module_formats: expected {\"pattern\": \"q8_0\", ...}");
     for (const auto& [pattern, value] : it->items()) {
       const auto f = format_field(value, "module_formats." + pattern);
-      if (f == format) continue;
-      other = f;
-      other_paths.push_back(pattern);
+      if (f != format) others[f].push_back(pattern);
     }
   }
   auto main_excludes = keep;
-  main_excludes.insert(main_excludes.end(), other_paths.begin(), other_paths.end());
-  torchpatch::PatchMapping::Items items{{"Linear", torchpatch::with_paths(of_format(format, Replaced::kLinear), {}, main_excludes)}};
-  if (other) items.emplace_back("^Linear$", torchpatch::with_paths(of_format(*other, Replaced::kLinear), other_paths, keep));
+  for (const auto& [f, paths] : others) main_excludes.insert(main_excludes.end(), paths.begin(), paths.end());
+  torchpatch::PatchMapping::Items items{{"Linear", torchpatch::with_paths(linear_of(format), {}, main_excludes)}};
+  for (const auto& [f, paths] : others) {
+    const auto key = items.size() == 1 ? std::string("^Linear$") : fmt::format("^Linear$(?!{})", torchpatch::nn::format_name(f));
+    items.emplace_back(key, torchpatch::with_paths(linear_of(f), paths, keep));
+  }
+  if (!torchpatch::nn::quantizes_to(format)) return items;  // GGUF files' MoE layouts are not read yet
   using torchpatch::PatchMapping;
   namespace kind = torchpatch::block_kind;
   items.emplace_back(PatchMapping::kind_key(kind::kExperts), torchpatch::with_paths(of_format(format, Replaced::kExperts), {}, keep));
@@ -444,17 +473,24 @@ torchpatch::PatchMapping::Items ggml_patches(const nlohmann::json& config) {
 
 void register_plugin(torchpatch::Registrar& registrar) {
   for (const auto format : {QuantFormat::kQ8_0, QuantFormat::kQ4_0}) {
-    const auto linear = of_format(format, Replaced::kLinear), experts = of_format(format, Replaced::kExperts);
-    const auto clamped = of_format(format, Replaced::kClampedSwigluExperts);
-    for (const auto& cls : {linear, experts, clamped}) registrar.add_replacement(cls, {});
-    registrar.add_conversion(linear.name, [format](const torchpatch::Config&) { return linear_rules(format); });
+    const auto experts = of_format(format, Replaced::kExperts), clamped = of_format(format, Replaced::kClampedSwigluExperts);
+    for (const auto& cls : {experts, clamped}) registrar.add_replacement(cls, {});
     registrar.add_conversion(experts.name, [format](const torchpatch::Config& config) {
       return experts_rules(format, torchpatch::experts_layout(config.as<torchpatch::ModelConfig>()));
     });
     registrar.add_conversion(clamped.name, [format](const torchpatch::Config&) { return clamped_swiglu_experts_rules(format); });
   }
-  // GGUF files' Q8_0 and Q4_0 projections load as their blocks, byte for byte (docs/gguf.md).
-  registrar.add_quantization_method({kMethod, ggml_patches, {}, {"Q8_0", "Q4_0"}});
+  // A Linear in every format; GGUF files' projections of these types load as their blocks, byte for
+  // byte (docs/gguf.md).
+  std::vector<std::string> ggml_types;
+  for (int f = 0; f <= static_cast<int>(QuantFormat::kQ6_K); ++f) {
+    const auto format = static_cast<QuantFormat>(f);
+    const auto linear = linear_of(format);
+    registrar.add_replacement(linear, {});
+    registrar.add_conversion(linear.name, [format](const torchpatch::Config&) { return linear_rules(format); });
+    ggml_types.emplace_back(torchpatch::nn::ggml_type_info(torchpatch::nn::ggml_type(format)).name);
+  }
+  registrar.add_quantization_method({kMethod, ggml_patches, {}, ggml_types});
 }
 
 }  // namespace

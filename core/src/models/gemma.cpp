@@ -2,10 +2,13 @@
 // blocks, with what the two do differently.
 #include "torchpatch/models/gemma.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 
+#include "torchpatch/error.h"
 #include "torchpatch/models/decoder_family.h"
 
 namespace torchpatch {
@@ -175,6 +178,122 @@ nn::QkNormOptions gemma3_qk_norm(const ModelConfig& config) {
 Gemma3Attention::Gemma3Attention(const BuildContext& ctx)
     : QkNormAttention(gemma2::gemma2_attention_options(model_config(ctx)), gemma3_qk_norm(model_config(ctx))) {}
 
+namespace {
+
+// Gemma3TextConfig's own reading on top of the decoder's: the Gemma2 fields with Gemma 3's defaults
+// and the sliding layers' RoPE.
+ModelConfig parse_config(const nlohmann::json& j, const std::string& source, const DecoderTraits& traits) {
+  auto config = parse_decoder_config(j, source, traits);
+  ConfigReader f(j, source);
+  if (f.boolean("use_bidirectional_attention", false)) {
+    f.fail("use_bidirectional_attention true (EmbeddingGemma's encoder) is not supported; torchpatch builds Gemma 3 "
+           "as a causal decoder");
+  }
+  gemma2::Gemma2Config defaults;
+  defaults.query_pre_attn_scalar = 256;
+  defaults.attn_logit_softcapping = std::nullopt;
+  defaults.final_logit_softcapping = std::nullopt;
+  config.fields = gemma2::read_gemma2_fields(f, defaults);
+  // A v4 config gives the sliding layers' base alone; v5's per-type rope_parameters gave it already.
+  if (!config.decoder.sliding_rope) {
+    nn::RopeParameters local;
+    local.theta = f.number("rope_local_base_freq", 10000.0);
+    if (!(local.theta > 0)) f.fail("field 'rope_local_base_freq' must be positive");
+    config.decoder.sliding_rope = local;
+  }
+  return config;
+}
+
+// llama.cpp's gemma3 has no key for the attention scale: it divides scores by sqrt(head_dim), except
+// in the 62-layer 27B model, where by sqrt(hidden_size / num_attention_heads).
+double llama_cpp_query_scalar(int64_t layers, int64_t hidden, int64_t heads, int64_t head_dim) {
+  return static_cast<double>(layers == 62 ? hidden / heads : head_dim);
+}
+
+// llama.cpp assumes every 6th layer is full when a file gives no attention.sliding_window_pattern.
+constexpr int64_t kLlamaCppPattern = 6;
+
+// config.json of a file llama.cpp's converter wrote as "gemma3", as llama.cpp reads it.
+nlohmann::json gguf_config(const GgufMetadata& m) {
+  auto c = gguf_decoder_config(m, "gemma3_text", "Gemma3ForCausalLM");
+  c.erase("hidden_act");
+  c["hidden_activation"] = "gelu_pytorch_tanh";  // llama.cpp's gemma3 runs GELU, tanh approximation
+  const auto layers = c["num_hidden_layers"].get<int64_t>(), hidden = c["hidden_size"].get<int64_t>();
+  const auto heads = c["num_attention_heads"].get<int64_t>();
+  if (heads <= 0) m.fail(m.full("attention.head_count"), fmt::format("{}, not a positive head count", heads));
+  // Gemma's default head_dim is 256, so it is given even where it is hidden_size / heads.
+  const auto head_dim = m.integer_or("attention.key_length").value_or(hidden / heads);
+  c["head_dim"] = head_dim;
+  c["query_pre_attn_scalar"] = llama_cpp_query_scalar(layers, hidden, heads, head_dim);
+  c["attn_logit_softcapping"] = nullptr;
+  const auto cap = m.number_or("final_logit_softcapping");
+  c["final_logit_softcapping"] = cap && *cap > 0 ? nlohmann::json(*cap) : nlohmann::json();
+  c["rope_local_base_freq"] = m.number_or("rope.freq_base_swa").value_or(10000.0);  // llama.cpp's default
+  const auto window = m.integer_or("attention.sliding_window");
+  if (window && *window > 0) {
+    c["sliding_window"] = *window;
+    c["layer_types"] = gguf_layer_types(m, layers, kLlamaCppPattern);
+  } else {
+    c["sliding_window"] = nullptr;
+    c["layer_types"] = std::vector<std::string>(static_cast<size_t>(std::max<int64_t>(layers, 0)), "full_attention");
+  }
+  return c;
+}
+
+// What llama.cpp's converter writes for a Gemma 3 config, and the keys it has none for refused.
+std::vector<std::pair<std::string, checkpoint::GgufValue>> gguf_metadata(const nlohmann::json& c,
+                                                                        const DecoderTraits& traits) {
+  const std::string source = "gemma3_text as GGUF architecture 'gemma3'";
+  const auto config = parse_config(c, source, traits);
+  const auto& d = config.decoder;
+  const auto& own = config.family_fields<gemma2::Gemma2Config>();
+  auto full = c;
+  full["rope_theta"] = d.rope.theta;  // v5's per-type rope_parameters give it only there
+  auto m = gguf_decoder_metadata("gemma3", full, "gelu_pytorch_tanh");
+  const auto scalar = llama_cpp_query_scalar(d.num_hidden_layers, d.hidden_size, d.num_attention_heads, d.head_dim);
+  if (own.query_pre_attn_scalar != scalar) {
+    throw ConfigError(fmt::format("{}: query_pre_attn_scalar {}: llama.cpp's gemma3 scales attention scores by {} "
+                                  "** -0.5 and has no key for another scalar",
+                                  source, own.query_pre_attn_scalar, scalar));
+  }
+  if (own.attn_logit_softcapping) {
+    throw ConfigError(fmt::format("{}: attn_logit_softcapping {}: llama.cpp's gemma3 does not cap attention scores "
+                                  "(set it to null)", source, *own.attn_logit_softcapping));
+  }
+  if (own.final_logit_softcapping) {
+    const auto cap = static_cast<float>(*own.final_logit_softcapping);
+    m.emplace_back("gemma3.final_logit_softcapping", checkpoint::GgufValue::of(cap));
+  }
+  if (d.sliding_rope->rope_type != "default") {
+    throw ConfigError(fmt::format("{}: the sliding layers' rope_type '{}': llama.cpp's gemma3 scales only the full "
+                                  "layers' RoPE (give the sliding layers rope_type 'default')",
+                                  source, d.sliding_rope->rope_type));
+  }
+  m.emplace_back("gemma3.rope.freq_base_swa", checkpoint::GgufValue::of(static_cast<float>(d.sliding_rope->theta)));
+  const bool slides = std::count(d.layer_types.begin(), d.layer_types.end(), "sliding_attention") > 0;
+  if (slides && d.sliding_window) {
+    const auto window = static_cast<uint32_t>(*d.sliding_window);
+    m.emplace_back("gemma3.attention.sliding_window", checkpoint::GgufValue::of(window));
+    if (auto pattern = gguf_sliding_pattern(d.layer_types, kLlamaCppPattern)) {
+      m.emplace_back("gemma3.attention.sliding_window_pattern", std::move(*pattern));
+    }
+  }
+  return m;
+}
+
+// Gemma 3 in llama.cpp's files: norms after attention and the MLP, every norm stored as 1 + w.
+GgufArchitecture gguf_architecture(const DecoderTraits& traits) {
+  GgufArchitecture a;
+  a.names = {"gemma3"};
+  a.config = gguf_config;
+  a.tensors = gguf_post_norm_tensor_names(/*permuted_qk=*/false);
+  gguf_unit_offset_norms(a.tensors);
+  a.metadata = [traits](const nlohmann::json& c) { return gguf_metadata(c, traits); };
+  return a;
+}
+
+}  // namespace
+
 Family family() {
   auto traits = gemma_traits();  // Gemma3TextConfig defaults: Gemma's, and these
   auto& d = traits.defaults;
@@ -190,31 +309,14 @@ Family family() {
   auto family = decoder_family<Gemma3Attention, Gemma3MLP, Gemma3RMSNorm, Gemma3DecoderLayer, Gemma3TextModel,
                                Gemma3ForCausalLM>("gemma3_text", spec(), traits);
   family.parse_config = [traits](const nlohmann::json& j, const std::string& source) {
-    auto config = parse_decoder_config(j, source, traits);
-    ConfigReader f(j, source);
-    if (f.boolean("use_bidirectional_attention", false)) {
-      f.fail("use_bidirectional_attention true (EmbeddingGemma's encoder) is not supported; torchpatch builds Gemma 3 "
-             "as a causal decoder");
-    }
-    gemma2::Gemma2Config defaults;
-    defaults.query_pre_attn_scalar = 256;
-    defaults.attn_logit_softcapping = std::nullopt;
-    defaults.final_logit_softcapping = std::nullopt;
-    config.fields = gemma2::read_gemma2_fields(f, defaults);
-    // A v4 config gives the sliding layers' base alone; v5's per-type rope_parameters gave it already.
-    if (!config.decoder.sliding_rope) {
-      nn::RopeParameters local;
-      local.theta = f.number("rope_local_base_freq", 10000.0);
-      if (!(local.theta > 0)) f.fail("field 'rope_local_base_freq' must be positive");
-      config.decoder.sliding_rope = local;
-    }
-    return config;
+    return parse_config(j, source, traits);
   };
   family.attention_options = gemma2::gemma2_attention_options;
   family.qk_norm_options = gemma3_qk_norm;
   auto tiny = tiny_gemma_preset("gemma3_text", "Gemma3ForCausalLM");
   tiny.update({{"sliding_window", 8}, {"sliding_window_pattern", 2}, {"query_pre_attn_scalar", 16}});
   family.presets = {{"tiny-gemma3", tiny}};
+  family.gguf = gguf_architecture(traits);
   return family;
 }
 

@@ -1,6 +1,7 @@
 // The GGUF keys and tensor names every llama.cpp decoder shares.
 #include "torchpatch/models/gguf_architecture.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -160,7 +161,73 @@ std::vector<GgufTensorName> gguf_decoder_tensor_names(bool permuted_qk) {
   };
 }
 
-std::vector<std::pair<std::string, GgufValue>> gguf_decoder_metadata(const std::string& arch, const nlohmann::json& c) {
+std::vector<GgufTensorName> gguf_post_norm_tensor_names(bool permuted_qk) {
+  auto names = gguf_decoder_tensor_names(permuted_qk);
+  // The usual blk.N.ffn_norm is the norm before the MLP: Gemma's pre_feedforward_layernorm here.
+  for (auto& n : names) {
+    if (n.gguf == "blk.{}.ffn_norm.weight") n.hub = "model.layers.{}.pre_feedforward_layernorm.weight";
+  }
+  names.push_back({"blk.{}.post_attention_norm.weight", "model.layers.{}.post_attention_layernorm.weight"});
+  names.push_back({"blk.{}.post_ffw_norm.weight", "model.layers.{}.post_feedforward_layernorm.weight"});
+  return names;
+}
+
+void gguf_unit_offset_norms(std::vector<GgufTensorName>& names) {
+  const std::string suffix = "norm.weight";
+  for (auto& n : names) {
+    if (n.hub.size() >= suffix.size() && n.hub.compare(n.hub.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      n.transform = GgufTensorTransform::kUnitOffset;
+    }
+  }
+}
+
+nlohmann::json gguf_layer_types(const GgufMetadata& m, int64_t layers, int64_t default_pattern) {
+  std::vector<bool> sliding(static_cast<size_t>(std::max<int64_t>(layers, 0)));
+  const auto* pattern = m.find("attention.sliding_window_pattern");
+  if (pattern != nullptr && pattern->type == GgufType::ARRAY) {
+    if (pattern->element_type != GgufType::BOOL || static_cast<int64_t>(pattern->array.size()) != layers) {
+      m.fail(m.full("attention.sliding_window_pattern"),
+             fmt::format("an array of {} {}, where llama.cpp reads one BOOL a layer ({} layers)", pattern->array.size(),
+                         gguf_type_name(pattern->element_type), layers));
+    }
+    for (size_t i = 0; i < sliding.size(); ++i) sliding[i] = pattern->array[i].boolean;
+  } else {
+    const auto n = m.integer_or("attention.sliding_window_pattern").value_or(default_pattern);
+    if (n < 0) m.fail(m.full("attention.sliding_window_pattern"), fmt::format("{}, a negative layer period", n));
+    // llama.cpp's set_swa_pattern: all but the last layer of each period of n slide; 0: all slide.
+    for (size_t i = 0; i < sliding.size(); ++i) sliding[i] = n == 0 || static_cast<int64_t>(i) % n < n - 1;
+  }
+  auto types = nlohmann::json::array();
+  for (const bool s : sliding) types.push_back(s ? "sliding_attention" : "full_attention");
+  return types;
+}
+
+std::optional<GgufValue> gguf_sliding_pattern(const std::vector<std::string>& layer_types, int64_t default_pattern) {
+  GgufValue flags;
+  flags.type = GgufType::ARRAY;
+  flags.element_type = GgufType::BOOL;
+  bool as_default = true;
+  for (size_t i = 0; i < layer_types.size(); ++i) {
+    const bool sliding = layer_types[i] == "sliding_attention";
+    const auto i64 = static_cast<int64_t>(i);
+    as_default = as_default && sliding == (default_pattern == 0 || i64 % default_pattern < default_pattern - 1);
+    flags.array.push_back(GgufValue::of(sliding));
+  }
+  if (as_default) return std::nullopt;
+  return flags;
+}
+
+nlohmann::json gguf_full_attention_rope(const nlohmann::json& c) {
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    const auto it = c.find(key);
+    if (it == c.end() || !it->is_object()) continue;
+    return it->contains("full_attention") ? it->at("full_attention") : *it;
+  }
+  return nullptr;
+}
+
+std::vector<std::pair<std::string, GgufValue>> gguf_decoder_metadata(const std::string& arch, const nlohmann::json& c,
+                                                                     const std::string& activation) {
   const auto source = fmt::format("{} as GGUF architecture '{}'", c.value("model_type", std::string("model")), arch);
   const auto integer = [&](const char* field) -> uint32_t {
     if (!c.contains(field) || !c[field].is_number_integer() || c[field].get<int64_t>() <= 0 ||
@@ -169,9 +236,9 @@ std::vector<std::pair<std::string, GgufValue>> gguf_decoder_metadata(const std::
     }
     return static_cast<uint32_t>(c[field].get<int64_t>());
   };
-  if (c.value("hidden_act", std::string("silu")) != "silu") {
-    throw ConfigError(fmt::format("{}: hidden_act '{}' (llama.cpp's architecture runs silu)", source,
-                                  c.value("hidden_act", std::string())));
+  if (c.value("hidden_act", activation) != activation) {
+    throw ConfigError(fmt::format("{}: hidden_act '{}' (llama.cpp's architecture runs {})", source,
+                                  c.value("hidden_act", std::string()), activation));
   }
   if (c.value("use_sliding_window", false)) {
     throw ConfigError(fmt::format("{}: a sliding window, which llama.cpp's '{}' does not apply", source, arch));
@@ -191,7 +258,7 @@ std::vector<std::pair<std::string, GgufValue>> gguf_decoder_metadata(const std::
       {arch + ".rope.dimension_count", GgufValue::of(integer("head_dim"))},
       {arch + ".vocab_size", GgufValue::of(integer("vocab_size"))},
   };
-  const auto scaling = c.contains("rope_scaling") && c["rope_scaling"].is_object() ? c["rope_scaling"] : nlohmann::json();
+  const auto scaling = gguf_full_attention_rope(c);
   const auto type = scaling.is_object() ? scaling.value("rope_type", scaling.value("type", std::string("default"))) : "default";
   if (type == "linear") {
     m.emplace_back(arch + ".rope.scaling.type", GgufValue::of(std::string("linear")));

@@ -96,6 +96,51 @@ class GraniteForCausalLM : public DecoderForCausalLM {
   double scaling_;
 };
 
+// config.json of a "granite" file as llama.cpp runs it: the four multipliers are its attention.scale,
+// embedding_scale, residual_scale and logit_scale, where an absent or zero scale means none (and for
+// attention, head_dim ** -0.5, as a Llama's).
+nlohmann::json gguf_config(const GgufMetadata& m) {
+  auto c = gguf_decoder_config(m, "granite", "GraniteForCausalLM");
+  if (m.boolean_or("rope.scaling.finetuned") == false) {
+    m.fail(m.full("rope.scaling.finetuned"),
+           "false: llama.cpp's granite then runs without RoPE, which Granite does not");
+  }
+  const auto heads = c["num_attention_heads"].get<int64_t>();
+  if (heads <= 0) m.fail(m.full("attention.head_count"), fmt::format("{}, not a positive head count", heads));
+  const auto head_dim = c.value("head_dim", c["hidden_size"].get<int64_t>() / heads);
+  const auto scale = [&](const char* key, double none) {
+    const auto v = m.number_or(key);
+    return v && *v != 0 ? *v : none;
+  };
+  c["attention_multiplier"] = scale("attention.scale", 1.0 / std::sqrt(static_cast<double>(head_dim)));
+  c["embedding_multiplier"] = scale("embedding_scale", 1.0);
+  c["residual_multiplier"] = scale("residual_scale", 1.0);
+  c["logits_scaling"] = m.number("logit_scale");  // llama.cpp requires it
+  return c;
+}
+
+// The four multipliers, always written: llama.cpp's defaults for absent keys are not Granite's.
+std::vector<std::pair<std::string, checkpoint::GgufValue>> gguf_metadata(const nlohmann::json& c) {
+  auto m = gguf_decoder_metadata("granite", c);
+  for (const auto& [field, key] : {std::pair{"attention_multiplier", "granite.attention.scale"},
+                                   std::pair{"embedding_multiplier", "granite.embedding_scale"},
+                                   std::pair{"residual_multiplier", "granite.residual_scale"},
+                                   std::pair{"logits_scaling", "granite.logit_scale"}}) {
+    m.emplace_back(key, checkpoint::GgufValue::of(static_cast<float>(c.value(field, 1.0))));
+  }
+  return m;
+}
+
+// Llama's tensors, q and k rows permuted as llama.cpp's Llama converter (Granite's derives from it).
+GgufArchitecture gguf_architecture() {
+  GgufArchitecture a;
+  a.names = {"granite"};
+  a.config = gguf_config;
+  a.tensors = gguf_decoder_tensor_names(/*permuted_qk=*/true);
+  a.metadata = gguf_metadata;
+  return a;
+}
+
 }  // namespace
 
 Family family() {
@@ -130,6 +175,7 @@ Family family() {
   tiny.update({{"embedding_multiplier", 12.0}, {"residual_multiplier", 0.22}, {"attention_multiplier", 0.0625},
                {"logits_scaling", 8.0}});
   family.presets = {{"tiny-granite", tiny}};
+  family.gguf = gguf_architecture();
   return family;
 }
 

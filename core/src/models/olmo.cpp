@@ -101,6 +101,39 @@ class Olmo2ForCausalLM : public DecoderForCausalLM {
   explicit Olmo2ForCausalLM(const BuildContext& ctx) : DecoderForCausalLM(ctx, spec()) {}
 };
 
+// llama.cpp's "olmo2" files: its converter writes OLMo 3 under the same name, with sliding layers,
+// which the OLMo 2 modules here do not have.
+nlohmann::json gguf_config(const GgufMetadata& m) {
+  if (const auto window = m.integer_or("attention.sliding_window"); window && *window > 0) {
+    m.fail(m.full("attention.sliding_window"),
+           fmt::format("{}: sliding-window layers (an OLMo 3 file); torchpatch reads 'olmo2' files of OLMo 2, "
+                       "whose layers all attend to every earlier token",
+                       *window));
+  }
+  return gguf_decoder_config(m, "olmo2", "Olmo2ForCausalLM");
+}
+
+// llama.cpp's OLMo 2 does not clamp the projections: a clip_qkv config is refused.
+std::vector<std::pair<std::string, checkpoint::GgufValue>> gguf_metadata(const nlohmann::json& c) {
+  if (c.contains("clip_qkv") && !c["clip_qkv"].is_null()) {
+    throw ConfigError(fmt::format("olmo2 as GGUF architecture 'olmo2': clip_qkv {} (llama.cpp's olmo2 does not clamp "
+                                  "q, k and v; set it to null)",
+                                  printable(c["clip_qkv"].dump(), 50)));
+  }
+  return gguf_decoder_metadata("olmo2", c);
+}
+
+// Norms after attention and the MLP (blk.N.post_attention_norm, post_ffw_norm), q/k norms over the
+// whole projection (blk.N.attn_q_norm, attn_k_norm, hidden_size wide), q/k rows as Hugging Face's.
+GgufArchitecture gguf_architecture() {
+  GgufArchitecture a;
+  a.names = {"olmo2"};
+  a.config = gguf_config;
+  a.tensors = gguf_post_norm_tensor_names(/*permuted_qk=*/false);
+  a.metadata = gguf_metadata;
+  return a;
+}
+
 }  // namespace
 
 Family family() {
@@ -118,6 +151,7 @@ Family family() {
                                Olmo2ForCausalLM>("olmo2", spec(), traits);
   mark_projection_norm(family);
   family.presets = {{"tiny-olmo2", tiny_decoder_preset("olmo2", "Olmo2ForCausalLM")}};
+  family.gguf = gguf_architecture();
   return family;
 }
 

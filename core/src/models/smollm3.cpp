@@ -90,6 +90,41 @@ std::vector<int64_t> read_no_rope_layers(const ConfigReader& f, int64_t layers) 
   return flags;
 }
 
+// llama.cpp's smollm3 has no key for the layers without RoPE: every 4th goes without.
+constexpr int64_t kLlamaCppNoRopeInterval = 4;
+
+nlohmann::json gguf_config(const GgufMetadata& m) {
+  auto c = gguf_decoder_config(m, "smollm3", "SmolLM3ForCausalLM");
+  c["no_rope_layer_interval"] = kLlamaCppNoRopeInterval;
+  return c;
+}
+
+// Refuses layers without RoPE other than llama.cpp's every 4th (sliding windows are refused by the
+// decoder's metadata).
+std::vector<std::pair<std::string, checkpoint::GgufValue>> gguf_metadata(const nlohmann::json& c) {
+  const auto layers = c.value("num_hidden_layers", int64_t{0});
+  const auto flags = read_no_rope_layers(ConfigReader(c, "smollm3 as GGUF architecture 'smollm3'"), layers);
+  for (int64_t i = 0; i < layers; ++i) {
+    const int64_t expected = (i + 1) % kLlamaCppNoRopeInterval != 0 ? 1 : 0;
+    if (flags[i] != expected) {
+      throw ConfigError(fmt::format("smollm3 as GGUF architecture 'smollm3': no_rope_layers[{}] is {}, but llama.cpp's "
+                                    "smollm3 applies RoPE in all layers but every {}th and has no key for others",
+                                    i, flags[i], kLlamaCppNoRopeInterval));
+    }
+  }
+  return gguf_decoder_metadata("smollm3", c);
+}
+
+// Llama's tensors, q and k rows permuted (llama.cpp converts SmolLM3 as a Llama).
+GgufArchitecture gguf_architecture() {
+  GgufArchitecture a;
+  a.names = {"smollm3"};
+  a.config = gguf_config;
+  a.tensors = gguf_decoder_tensor_names(/*permuted_qk=*/true);
+  a.metadata = gguf_metadata;
+  return a;
+}
+
 }  // namespace
 
 Family family() {
@@ -118,6 +153,7 @@ Family family() {
   auto tiny = tiny_decoder_preset("smollm3", "SmolLM3ForCausalLM");
   tiny.update({{"num_hidden_layers", 4}, {"no_rope_layer_interval", 4}, {"rope_theta", 2e6}, {"rms_norm_eps", 1e-6}});
   family.presets = {{"tiny-smollm3", tiny}};
+  family.gguf = gguf_architecture();
   return family;
 }
 

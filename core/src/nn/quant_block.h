@@ -19,6 +19,7 @@ constexpr int64_t kScaleBytes = 2;                                        ///< t
 constexpr int64_t kQ8_0Bytes = kScaleBytes + kQuantBlockSize;             ///< 34
 constexpr int64_t kQ4_0Bytes = kScaleBytes + kQuantBlockSize / 2;         ///< 18
 
+/// Q8_0's or Q4_0's block bytes (the formats with kernels and layouts of their own).
 constexpr int64_t bytes_of(QuantFormat format) { return format == QuantFormat::kQ8_0 ? kQ8_0Bytes : kQ4_0Bytes; }
 
 /// The fp16 scale at `p` (a block's first two bytes), as float32.

@@ -1,5 +1,6 @@
-// The reference quantizer and dequantizer of GGUF's Q8_0 and Q4_0 blocks (nn/quant.h). Compiled with
-// -ffp-contract=off (core/CMakeLists.txt): a fused `x * id + 8.5` rounds differently at ties.
+// The reference quantizer and dequantizer of GGUF's Q8_0 and Q4_0 blocks (nn/quant.h), and what the
+// formats quant_linear multiplies are. Compiled with -ffp-contract=off (core/CMakeLists.txt): a fused
+// `x * id + 8.5` rounds differently at ties.
 #include "torchpatch/nn/quant.h"
 
 #include <algorithm>
@@ -96,15 +97,49 @@ int64_t checked_blocks_per_row(int64_t in, const std::string& name, QuantFormat 
 
 }  // namespace
 
-int64_t block_bytes(QuantFormat format) { return block::bytes_of(format); }
+namespace {
 
-const char* format_name(QuantFormat format) { return format == QuantFormat::kQ8_0 ? "q8_0" : "q4_0"; }
+struct FormatInfo {
+  QuantFormat format;
+  GgmlType type;
+  const char* name;
+};
+
+constexpr FormatInfo kFormats[] = {
+    {QuantFormat::kQ8_0, GgmlType::Q8_0, "q8_0"}, {QuantFormat::kQ4_0, GgmlType::Q4_0, "q4_0"},
+    {QuantFormat::kQ4_1, GgmlType::Q4_1, "q4_1"}, {QuantFormat::kQ5_0, GgmlType::Q5_0, "q5_0"},
+    {QuantFormat::kQ5_1, GgmlType::Q5_1, "q5_1"}, {QuantFormat::kQ2_K, GgmlType::Q2_K, "q2_k"},
+    {QuantFormat::kQ3_K, GgmlType::Q3_K, "q3_k"}, {QuantFormat::kQ4_K, GgmlType::Q4_K, "q4_k"},
+    {QuantFormat::kQ5_K, GgmlType::Q5_K, "q5_k"}, {QuantFormat::kQ6_K, GgmlType::Q6_K, "q6_k"},
+};
+
+const FormatInfo& info_of(QuantFormat format) { return kFormats[static_cast<int>(format)]; }
+
+}  // namespace
+
+int64_t block_weights(QuantFormat format) { return ggml_type_info(ggml_type(format)).block_size; }
+
+int64_t block_bytes(QuantFormat format) { return ggml_type_info(ggml_type(format)).type_size; }
+
+const char* format_name(QuantFormat format) { return info_of(format).name; }
+
+bool quantizes_to(QuantFormat format) { return format == QuantFormat::kQ8_0 || format == QuantFormat::kQ4_0; }
+
+GgmlType ggml_type(QuantFormat format) { return info_of(format).type; }
+
+std::optional<QuantFormat> quant_format_of(GgmlType type) {
+  for (const auto& f : kFormats) {
+    if (f.type == type) return f.format;
+  }
+  return std::nullopt;
+}
 
 std::optional<QuantFormat> parse_quant_format(const std::string& name) {
   std::string lower = name;
   std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
-  if (lower == "q8_0") return QuantFormat::kQ8_0;
-  if (lower == "q4_0") return QuantFormat::kQ4_0;
+  for (const auto& f : kFormats) {
+    if (lower == f.name) return f.format;
+  }
   return std::nullopt;
 }
 
@@ -113,6 +148,11 @@ at::Tensor quantize(QuantFormat format, const at::Tensor& weight, const std::str
     throw InputError(fmt::format("tensor '{}': only floating-point tensors of at least one dimension are quantized, "
                                  "not {} {}",
                                  name, c10::toString(weight.scalar_type()), fmt::join(weight.sizes(), "x")));
+  }
+  if (!quantizes_to(format)) {
+    throw InputError(fmt::format("tensor '{}': torchpatch quantizes to q8_0 and q4_0; {} blocks are read from GGUF "
+                                 "files, not written",
+                                 name, format_name(format)));
   }
   // GGUF's reference quantizer runs on the host: blocks of a device tensor are the same bytes.
   if (!weight.is_cpu()) return quantize(format, weight.cpu(), name).to(weight.device());
@@ -157,6 +197,14 @@ at::Tensor dequantize(QuantFormat format, const at::Tensor& blocks, const std::s
     throw InputError(fmt::format("tensor '{}': {} blocks are uint8 rows of whole {}-byte blocks, not {} {}", name,
                                  format_name(format), bytes, c10::toString(blocks.scalar_type()),
                                  fmt::join(blocks.sizes(), "x")));
+  }
+  if (!quantizes_to(format)) {  // GGML's dequantizer, on the host
+    const at::Tensor q = blocks.cpu().contiguous();
+    std::vector<int64_t> out_sizes(q.sizes().begin(), q.sizes().end());
+    out_sizes.back() = q.size(-1) / bytes * block_weights(format);
+    at::Tensor out = at::empty(out_sizes, at::kFloat);
+    dequantize_ggml(ggml_type(format), q.data_ptr<uint8_t>(), out.numel(), out.data_ptr<float>());
+    return out.to(blocks.device());
   }
   if (blocks.is_cuda()) return cuda_dequantize(format, blocks, name);
   const at::Tensor q = blocks.contiguous();

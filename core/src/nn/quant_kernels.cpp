@@ -43,6 +43,7 @@
 #include "base/x86_intrinsics.h"
 #include "nn/quant_block.h"
 #include "nn/quant_device.h"
+#include "nn/quant_ggml.h"
 
 namespace torchpatch::nn {
 
@@ -781,16 +782,16 @@ at::Tensor linear_avx512(QuantFormat format, QuantLayout layout, const float* sr
 
 void check_operands(QuantFormat format, const at::Tensor& x, const at::Tensor& blocks, int64_t out_features,
                     const at::Tensor& bias) {
-  const int64_t bytes = block_bytes(format);
+  const int64_t bytes = block_bytes(format), weights = block_weights(format);
   const int64_t in = x.dim() == 0 ? 0 : x.size(-1);
-  if (x.scalar_type() != at::kFloat || in % kBlock != 0 || in == 0) {
-    throw InputError(fmt::format("{} linear: input must be float32 [..., a multiple of 32], not {} {}",
-                                 format_name(format), c10::toString(x.scalar_type()), fmt::join(x.sizes(), "x")));
+  if (x.scalar_type() != at::kFloat || in % weights != 0 || in == 0) {
+    throw InputError(fmt::format("{} linear: input must be float32 [..., a multiple of {}], not {} {}",
+                                 format_name(format), weights, c10::toString(x.scalar_type()), fmt::join(x.sizes(), "x")));
   }
   if (blocks.scalar_type() != at::kByte || blocks.dim() != 2 || blocks.size(0) != out_features ||
-      blocks.size(1) != in / kBlock * bytes || !blocks.is_contiguous()) {
+      blocks.size(1) != in / weights * bytes || !blocks.is_contiguous()) {
     throw InputError(fmt::format("{} linear: weight blocks must be contiguous uint8 [{}, {}] for input {}, not {} {}",
-                                 format_name(format), out_features, in / kBlock * bytes, in,
+                                 format_name(format), out_features, in / weights * bytes, in,
                                  c10::toString(blocks.scalar_type()), fmt::join(blocks.sizes(), "x")));
   }
   if (bias.defined() && (bias.scalar_type() != at::kFloat || bias.dim() != 1 || bias.size(0) != out_features)) {
@@ -814,6 +815,11 @@ bool quant_kernel_available(QuantKernel kernel) {
 at::Tensor quant_linear(QuantFormat format, const at::Tensor& x, const at::Tensor& blocks, int64_t out_features,
                         const at::Tensor& bias, QuantLayout layout) {
   if (x.is_cuda() || blocks.is_cuda()) {
+    if (!quantizes_to(format)) {
+      throw InputError(fmt::format("{} linear runs on the CPU only (CUDA multiplies q8_0 and q4_0 blocks); load the "
+                                   "model with --dequantize to run it in float on the GPU",
+                                   format_name(format)));
+    }
     if (layout != QuantLayout::kBlocks) {
       throw InputError(fmt::format("{} linear on CUDA reads GGUF's blocks (QuantLayout::kBlocks), not kRows16",
                                    format_name(format)));
@@ -833,6 +839,13 @@ at::Tensor quant_linear(QuantFormat format, const at::Tensor& x, const at::Tenso
   const at::Tensor bias_values = bias.defined() ? bias.contiguous() : at::Tensor();
   const float* b = bias_values.defined() ? bias_values.data_ptr<float>() : nullptr;
   const QuantKernel kernel = resolve(chosen_kernel.load());
+  if (!quantizes_to(format)) {
+    if (layout != QuantLayout::kBlocks) {
+      throw InputError(fmt::format("{} linear reads GGUF's blocks (QuantLayout::kBlocks) only", format_name(format)));
+    }
+    ggml::linear(format, kernel, src, tokens, in, w, out_features, b, out.data_ptr<float>());
+    return out;
+  }
   if (kernel == QuantKernel::kAvx512) return linear_avx512(format, layout, src, tokens, in, w, out_features, b, out);
   // The plain kernels read GGUF rows only.
   const at::Tensor gguf = layout == QuantLayout::kRows16 ? unpack_blocks(format, blocks, "weight") : blocks;

@@ -45,6 +45,10 @@ void convert_group(bool q8, bool pack, const uint8_t* from, int64_t blocks, uint
 
 // uint8 [..., rows, whole blocks], contiguous, or an error naming `name`.
 void check_blocks(QuantFormat format, const at::Tensor& t, const std::string& name) {
+  if (!quantizes_to(format)) {
+    throw InputError(fmt::format("tensor '{}': only q8_0 and q4_0 blocks are laid out as kRows16, not {}", name,
+                                 format_name(format)));
+  }
   if (t.scalar_type() != at::kByte || t.dim() < 2 || t.size(-1) % block_bytes(format) != 0) {
     throw InputError(fmt::format("tensor '{}': {} blocks to lay out are uint8 matrices of whole {}-byte blocks, not {} {}",
                                  name, format_name(format), block_bytes(format), c10::toString(t.scalar_type()),
@@ -93,6 +97,10 @@ GgufBlocksOnly::~GgufBlocksOnly() { --gguf_blocks_only; }
 QuantLayout preferred_quant_layout() {
   if (gguf_blocks_only > 0) return QuantLayout::kBlocks;
   return quant_kernel_available(QuantKernel::kAvx512) ? QuantLayout::kRows16 : QuantLayout::kBlocks;
+}
+
+QuantLayout preferred_quant_layout(QuantFormat format) {
+  return quantizes_to(format) ? preferred_quant_layout() : QuantLayout::kBlocks;
 }
 
 at::Tensor pack_blocks(QuantFormat format, const at::Tensor& blocks, const std::string& name) {

@@ -112,6 +112,7 @@ class GgufWeights final : public checkpoint::TensorSource {
       case GgufTensorTransform::kNone: return t;
       case GgufTensorTransform::kUnpermuteQ: return unpermute(t, heads_, gguf->name, path());
       case GgufTensorTransform::kUnpermuteK: return unpermute(t, kv_heads_, gguf->name, path());
+      case GgufTensorTransform::kUnitOffset: return t - 1;  // the file holds Gemma's 1 + w
     }
     return t;
   }
@@ -281,6 +282,7 @@ GgufSaveReport save_gguf_model(const PretrainedModel& model, const fs::path& fil
     const auto type = type_of(name, value.cpu(), model, data);
     if (it->second->transform == GgufTensorTransform::kUnpermuteQ) data = permute(data, heads);
     if (it->second->transform == GgufTensorTransform::kUnpermuteK) data = permute(data, kv_heads);
+    if (it->second->transform == GgufTensorTransform::kUnitOffset) data = data + 1;
     auto shape = value.sizes().vec();
     if (type != checkpoint::GgmlType::F32 && value.scalar_type() == at::kByte) {
       const auto& info = checkpoint::ggml_type_info(type);

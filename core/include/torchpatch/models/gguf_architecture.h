@@ -29,6 +29,8 @@ class TORCHPATCH_API GgufMetadata {
   /// The full key of `key` (the architecture's prefix added to a key without a dot).
   std::string full(const std::string& key) const;
   bool has(const std::string& key) const;
+  /// The value of `key` (as `full` names it), nullptr when the file has none: for arrays.
+  const checkpoint::GgufValue* find(const std::string& key) const { return value(key); }
   int64_t integer(const std::string& key) const;
   std::optional<int64_t> integer_or(const std::string& key) const;
   double number(const std::string& key) const;
@@ -51,6 +53,12 @@ enum class GgufTensorTransform {
   /// num_key_value_heads) from Hugging Face's rotate-half order to interleaved pairs; loading undoes it.
   kUnpermuteQ,
   kUnpermuteK,
+  /// llama.cpp's Gemma converters store each RMSNorm weight w as 1 + w (Gemma's norm multiplies by
+  /// 1 + weight; llama.cpp's by the weight); loading subtracts 1 and saving adds it back. For a value
+  /// y the converter computed as 1 + w from a float32 w, y - 1 is exact in float32, so saving gives
+  /// the file's bytes back; the loaded w can differ from the original checkpoint's in its lowest bits
+  /// (1 + w rounded them away), while 1 + w, what the norm multiplies by, is the file's value exactly.
+  kUnitOffset,
 };
 
 /// One naming rule: `gguf` and `hub` are names where `{}` stands for the layer number.
@@ -81,8 +89,24 @@ TORCHPATCH_API GgufArchitecture gguf_decoder_architecture(const std::string& arc
                                                           const std::string& causal_lm, bool permuted_qk);
 
 /// The inverse of gguf_decoder_config: the keys llama.cpp reads for architecture `arch`, from config.json.
+/// `activation`: the MLP activation llama.cpp's architecture runs (a config with another is refused).
 TORCHPATCH_API std::vector<std::pair<std::string, checkpoint::GgufValue>> gguf_decoder_metadata(
-    const std::string& arch, const nlohmann::json& config);
+    const std::string& arch, const nlohmann::json& config, const std::string& activation = "silu");
+
+/// The RoPE parameters of config.json's full-attention layers: `rope_scaling` (v4), else v5's
+/// `rope_parameters` (its `full_attention` entry where it has one per layer type); null for none.
+TORCHPATCH_API nlohmann::json gguf_full_attention_rope(const nlohmann::json& config);
+
+/// Which layers slide in a file whose attention.sliding_window is set, read as llama.cpp's
+/// load_swa_pattern reads it: attention.sliding_window_pattern as one BOOL a layer, or as N (every
+/// layer but each N-th slides; 0: every layer), else `default_pattern` (the architecture's, e.g.
+/// Gemma 3's 6). Hugging Face's `layer_types`: "sliding_attention" / "full_attention" per layer.
+TORCHPATCH_API nlohmann::json gguf_layer_types(const GgufMetadata& metadata, int64_t layers, int64_t default_pattern);
+
+/// The attention.sliding_window_pattern to write for `layer_types`: one BOOL a layer, or none where
+/// they are what llama.cpp assumes without the key (`default_pattern`), as its converter leaves it out.
+TORCHPATCH_API std::optional<checkpoint::GgufValue> gguf_sliding_pattern(const std::vector<std::string>& layer_types,
+                                                                        int64_t default_pattern);
 
 /// config.json of a decoder from the keys llama.cpp writes for every one: embedding_length,
 /// feed_forward_length, block_count, attention.head_count(_kv), context_length,
@@ -94,5 +118,14 @@ TORCHPATCH_API nlohmann::json gguf_decoder_config(const GgufMetadata& metadata, 
 /// llama.cpp's names of the usual decoder's tensors (embeddings, norms, q/k/v/o with biases and q/k
 /// norms, gate/up/down), Hugging Face's Llama layout; `permuted_qk` marks q and k as permuted.
 TORCHPATCH_API std::vector<GgufTensorName> gguf_decoder_tensor_names(bool permuted_qk);
+
+/// The usual names for a decoder with norms after its blocks (Gemma 2 and 3, OLMo 2):
+/// post_attention_layernorm is blk.N.post_attention_norm, post_feedforward_layernorm blk.N.post_ffw_norm,
+/// and Gemma's pre_feedforward_layernorm takes blk.N.ffn_norm.
+TORCHPATCH_API std::vector<GgufTensorName> gguf_post_norm_tensor_names(bool permuted_qk);
+
+/// Marks every RMSNorm weight of `names` (a hub name ending in "norm.weight", the converter's test)
+/// as stored plus one (GgufTensorTransform::kUnitOffset): llama.cpp's Gemma converters.
+TORCHPATCH_API void gguf_unit_offset_norms(std::vector<GgufTensorName>& names);
 
 }  // namespace torchpatch

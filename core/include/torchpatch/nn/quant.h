@@ -1,12 +1,14 @@
-// GGUF's Q8_0 and Q4_0 block formats, byte for byte: a row of a weight [out, in] is cut into blocks
-// of 32 consecutive input weights, each stored as an fp16 scale followed by the quantized values.
+// GGUF's block formats, byte for byte: a row of a weight [out, in] is cut into blocks of 32 (or, for
+// the K-quants, 256) consecutive input weights, each stored as small integers and fp16 scales
+// (nn/ggml_types.h has their layouts). torchpatch writes two of them itself:
 //
 //   Q8_0  34 bytes: d = amax / 127, then 32 int8 q = round(x / d), half away from zero (x * (1/d))
 //   Q4_0  18 bytes: d = max / -8 (max: the signed value of largest magnitude, the first on ties),
 //         then 16 bytes; q = min(15, trunc(x * (1/d) + 8.5)), byte j holding q[j] | q[j + 16] << 4
 //
 // Scales are little-endian IEEE half precision; the arithmetic is float32 without fused
-// multiply-add, as llama.cpp's reference quantizer, so the blocks equal what it writes.
+// multiply-add, as llama.cpp's reference quantizer, so the blocks equal what it writes. The others
+// (Q4_1, Q5_0, Q5_1 and the K-quants Q2_K..Q6_K) come from GGUF files and are multiplied as they are.
 #pragma once
 
 #include <cstdint>
@@ -16,30 +18,43 @@
 #include <ATen/core/Tensor.h>
 
 #include "torchpatch/export.h"
+#include "torchpatch/nn/ggml_types.h"
 
 namespace torchpatch::nn {
 
-enum class QuantFormat { kQ8_0, kQ4_0 };
+/// The block formats quant_linear multiplies.
+enum class QuantFormat { kQ8_0, kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K };
 
-/// Weights per block, for both formats.
+/// Weights per block of Q8_0 and Q4_0, the formats torchpatch quantizes to.
 constexpr int64_t kQuantBlockSize = 32;
 
-/// Bytes per block: 34 (Q8_0) or 18 (Q4_0).
+/// Weights per block: 32, or 256 for the K-quants.
+TORCHPATCH_API int64_t block_weights(QuantFormat format);
+
+/// Bytes per block: 34 (Q8_0), 18 (Q4_0), ... (GGML's type sizes).
 TORCHPATCH_API int64_t block_bytes(QuantFormat format);
 
-/// "q8_0" or "q4_0".
+/// "q8_0", "q4_0", "q4_k", ...
 TORCHPATCH_API const char* format_name(QuantFormat format);
 
-/// The format named "q8_0" or "q4_0" (either case), or nullopt.
+/// The format named "q8_0", "q4_k", ... (either case), or nullopt.
 TORCHPATCH_API std::optional<QuantFormat> parse_quant_format(const std::string& name);
 
+/// Whether quantize() writes `format` (Q8_0 and Q4_0); the others are only read from GGUF files.
+TORCHPATCH_API bool quantizes_to(QuantFormat format);
+
+/// GGML's number for `format`, and the format of a GGML type (nullopt for one quant_linear does not multiply).
+TORCHPATCH_API GgmlType ggml_type(QuantFormat format);
+TORCHPATCH_API std::optional<QuantFormat> quant_format_of(GgmlType type);
+
 /// Quantizes `weight` [..., in] (any floating dtype, read as float32) along its last dimension into
-/// uint8 [..., in / 32 * block_bytes]. Refuses, naming `name`, an `in` that is not a multiple of 32
-/// and values that are not finite.
+/// uint8 [..., in / 32 * block_bytes]. Refuses, naming `name`, a format quantizes_to() does not
+/// write, an `in` that is not a multiple of 32 and values that are not finite.
 TORCHPATCH_API at::Tensor quantize(QuantFormat format, const at::Tensor& weight, const std::string& name);
 
-/// The float32 weights [..., in] that `blocks` [..., in / 32 * block_bytes] stand for: d * q (Q8_0),
-/// d * (q - 8) (Q4_0), on the blocks' device. Refuses, naming `name`, anything but uint8 rows of whole blocks.
+/// The float32 weights [..., in] that `blocks` [..., in / block_weights * block_bytes] stand for: d * q
+/// (Q8_0), d * (q - 8) (Q4_0), the others as dequantize_ggml, on the blocks' device (Q8_0 and Q4_0 only
+/// on a GPU). Refuses, naming `name`, anything but uint8 rows of whole blocks.
 TORCHPATCH_API at::Tensor dequantize(QuantFormat format, const at::Tensor& blocks, const std::string& name);
 
 /// How a weight's blocks lie in memory. Both take the same tensor shape [..., rows, in / 32 *
@@ -58,9 +73,11 @@ enum class QuantLayout {
 // 0x80, the unsigned bytes VNNI multiplies); Q4_0's bytes are GGUF's. A group is as long as its 16
 // rows were, so the tail rows sit where they were.
 
-/// The layout quant_linear reads fastest on this CPU: kRows16 with AVX-512 VNNI, else kBlocks; kBlocks
-/// while a GgufBlocksOnly is alive on this thread.
+/// The layout quant_linear reads Q8_0 and Q4_0 fastest on this CPU: kRows16 with AVX-512 VNNI, else
+/// kBlocks; kBlocks while a GgufBlocksOnly is alive on this thread.
 TORCHPATCH_API QuantLayout preferred_quant_layout();
+/// The layout for `format`: preferred_quant_layout() for Q8_0 and Q4_0, kBlocks for the others.
+TORCHPATCH_API QuantLayout preferred_quant_layout(QuantFormat format);
 
 /// While alive on a thread, preferred_quant_layout() answers kBlocks there: a model built and loaded
 /// for a GPU, whose kernels read GGUF's blocks as they are. (Blocks on a GPU are always kBlocks.)
@@ -73,7 +90,7 @@ class TORCHPATCH_API GgufBlocksOnly {
 };
 
 /// `blocks` (kBlocks) [..., rows, whole blocks] rearranged into kRows16; refuses, naming `name`, a tensor
-/// that is not uint8 rows of whole blocks.
+/// that is not uint8 rows of whole blocks, and a format other than Q8_0 and Q4_0.
 TORCHPATCH_API at::Tensor pack_blocks(QuantFormat format, const at::Tensor& blocks, const std::string& name);
 
 /// The inverse of pack_blocks: kRows16 back to GGUF's kBlocks, byte for byte.
@@ -102,6 +119,9 @@ TORCHPATCH_API bool quant_kernel_available(QuantKernel kernel);
 /// threads. The AVX-512 kernel decodes kRows16 16 rows at a time and gathers its prefill tiles from
 /// it; the scalar and AVX2 kernels read an unpacked copy. Only AVX-512 decoding adds in another order
 /// than from kBlocks: every other path gives the same results bit for bit.
+/// The formats read from GGUF files (Q4_1 ... Q6_K, kBlocks only) take one path whatever the kernel:
+/// each weight row is dequantized once in cache and multiplied with the float32 activations, so the
+/// result is the dequantized product within float rounding (nn/quant_ggml.h); CPU only.
 /// On a CUDA device (torchpatch built with CUDA): x float32, bfloat16 or float16, blocks kBlocks on the
 /// same device, the result in x's dtype; activations are not quantized there (nn/quant_device.h).
 TORCHPATCH_API at::Tensor quant_linear(QuantFormat format, const at::Tensor& x, const at::Tensor& blocks,

@@ -12,10 +12,10 @@
 #include <c10/util/Half.h>
 #include <fmt/format.h>
 
-#include "torchpatch/checkpoint/gguf.h"
+#include "torchpatch/nn/ggml_types.h"
 #include "torchpatch/error.h"
 
-namespace torchpatch::checkpoint {
+namespace torchpatch::nn {
 
 namespace {
 
@@ -223,7 +223,7 @@ const GgmlTypeInfo* ggml_type_info(uint32_t id) {
 
 const GgmlTypeInfo& ggml_type_info(GgmlType type) {
   const auto* info = ggml_type_info(static_cast<uint32_t>(type));
-  if (info == nullptr) throw CheckpointError(fmt::format("GGML type {} is not one torchpatch knows", static_cast<uint32_t>(type)));
+  if (info == nullptr) throw InputError(fmt::format("GGML type {} is not one torchpatch knows", static_cast<uint32_t>(type)));
   return *info;
 }
 
@@ -238,9 +238,9 @@ const GgmlTypeInfo* ggml_type_named(const std::string& name) {
 
 void dequantize_ggml(GgmlType type, const uint8_t* blocks, int64_t count, float* out) {
   const auto& info = ggml_type_info(type);
-  if (!info.floating) throw CheckpointError(fmt::format("{} holds integers, not weights to dequantize", info.name));
+  if (!info.floating) throw InputError(fmt::format("{} holds integers, not weights to dequantize", info.name));
   if (count % info.block_size != 0) {
-    throw CheckpointError(fmt::format("{} values are not whole blocks of {} ({})", count, info.block_size, info.name));
+    throw InputError(fmt::format("{} values are not whole blocks of {} ({})", count, info.block_size, info.name));
   }
   const int64_t n_blocks = count / info.block_size;
   at::parallel_for(0, n_blocks, 4096 / info.block_size + 1, [&](int64_t begin, int64_t end) {
@@ -248,4 +248,4 @@ void dequantize_ggml(GgmlType type, const uint8_t* blocks, int64_t count, float*
   });
 }
 
-}  // namespace torchpatch::checkpoint
+}  // namespace torchpatch::nn

@@ -1,0 +1,24 @@
+// Internal: products with the GGUF block formats that torchpatch reads but does not write (Q4_1, Q5_0,
+// Q5_1, Q2_K .. Q6_K; nn/quant.h), for quant_linear.
+//
+// Every one of them stores a weight as w = a * q + b, with q a small unsigned integer (2 to 6 bits)
+// and a, b shared by 16 or 32 consecutive weights (Q4_1: d and m; Q6_K: d * scale and -32 d * scale;
+// ...). So one kernel serves them all: each weight row is unpacked into bytes q and a and b per 16
+// weights, dequantized in cache and multiplied with the activations as they are (float32): the
+// result is the product with the dequantized weights, within float rounding. (Q8_0 and Q4_0 have
+// kernels of their own that quantize the activations, as llama.cpp does.)
+#pragma once
+
+#include <cstdint>
+
+#include "torchpatch/nn/quant.h"
+
+namespace torchpatch::nn::ggml {
+
+/// y[t * out_features + o] = x[t] . W[o] + bias[o] for `tokens` rows of x [in] and W's GGUF rows of
+/// `format` blocks, with `kernel` (resolved: kScalar, kAvx2 or kAvx512). Output rows are split across
+/// the threads; a result does not depend on how many there are.
+void linear(QuantFormat format, QuantKernel kernel, const float* x, int64_t tokens, int64_t in, const uint8_t* w,
+            int64_t out_features, const float* bias, float* y);
+
+}  // namespace torchpatch::nn::ggml
