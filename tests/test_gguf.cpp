@@ -303,8 +303,9 @@ bool same_value(const GgufValue& a, const GgufValue& b) {
 }
 
 // `ours` holds every tensor of `theirs` (and no other) with the same type, shape and bytes, and every
-// key of the architecture that `theirs` has, with the same value.
-void check_same_file(const GgufFile& ours, const GgufFile& theirs) {
+// key of the architecture that `theirs` has, with the same value, but for the keys of `overridden`
+// (key: value), which a config override gave the value there (as float32 where a number).
+void check_same_file(const GgufFile& ours, const GgufFile& theirs, const nlohmann::json& overridden) {
   CHECK(ours.tensors().size() == theirs.tensors().size());
   for (const auto& t : theirs.tensors()) {
     INFO("tensor " << t.name);
@@ -321,7 +322,8 @@ void check_same_file(const GgufFile& ours, const GgufFile& theirs) {
     INFO("metadata " << key);
     const auto* mine = ours.find_value(key);
     REQUIRE(mine != nullptr);
-    CHECK(same_value(*mine, value));
+    const auto expected = overridden.contains(key) ? GgufValue::of(overridden[key].get<float>()) : value;
+    CHECK(same_value(*mine, expected));
   }
 }
 
@@ -362,7 +364,8 @@ TEST_CASE("GGUF: llama.cpp's converter's files load as the reference checkpoints
     GgufSaveOptions save;
     save.gguf_from = file;
     save_gguf_model(*model, saved, default_registries().families(), save);
-    check_same_file(*GgufFile::open(saved), *GgufFile::open(file));
+    check_same_file(*GgufFile::open(saved), *GgufFile::open(file),
+                    entry.value("keys_from_overrides", nlohmann::json::object()));
     const auto back = from_pretrained(saved);  // no overrides: the saved file says what they said
     auto theirs = back->named_parameters();
     for (const auto& p : model->named_parameters()) {
@@ -377,7 +380,7 @@ TEST_CASE("GGUF: llama.cpp's converter's files load as the reference checkpoints
 TEST_CASE("GGUF: a file no family reads is refused naming its architecture and those that are read", "[gguf]") {
   REQUIRE_THROWS_WITH(from_pretrained(gguf_data("all_types_v3.gguf")),
                       Contains("general.architecture 'test' is not one torchpatch reads from GGUF files (it reads: "
-                               "gemma3, granite, llama, olmo2, qwen2, qwen3, smollm3)"));
+                               "gemma3, granite, llama, olmo2, olmoe, qwen2, qwen2moe, qwen3, qwen3moe, smollm3)"));
   const auto r = testutil::torchpatch_cli("run --model " + gguf_data("all_types_v3.gguf").string() + " --prompt-ids 1,2");
   CHECK(r.code != 0);
   CHECK_THAT(r.out, Contains("general.architecture 'test'") && !Contains("Exception raised from"));
@@ -431,7 +434,7 @@ TEST_CASE("GGUF: save --format gguf writes what llama.cpp's converter writes, an
 TEST_CASE("GGUF: presets of the families with a GGUF architecture go through GGUF and come back as the same model",
           "[gguf]") {
   for (const std::string preset :
-       {"tiny-qwen3", "tiny-llama", "tiny-olmo2", "tiny-granite", "tiny-smollm3", "tiny-gemma3"}) {
+       {"tiny-qwen3", "tiny-llama", "tiny-olmo2", "tiny-granite", "tiny-smollm3", "tiny-gemma3", "tiny-olmoe"}) {
     INFO(preset);
     const auto file = testutil::temp_file(preset + ".gguf");
     const auto r = testutil::torchpatch_cli("save --preset " + preset + " --format gguf --output " + file.string());

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "torchpatch/error.h"
+#include "torchpatch/models/config.h"
 #include "torchpatch/printable.h"
 
 namespace torchpatch {
@@ -170,6 +171,45 @@ std::vector<GgufTensorName> gguf_post_norm_tensor_names(bool permuted_qk) {
   names.push_back({"blk.{}.post_attention_norm.weight", "model.layers.{}.post_attention_layernorm.weight"});
   names.push_back({"blk.{}.post_ffw_norm.weight", "model.layers.{}.post_feedforward_layernorm.weight"});
   return names;
+}
+
+std::vector<GgufTensorName> gguf_expert_tensor_names(const std::string& block, const std::string& gate,
+                                                     const std::string& up, const std::string& down) {
+  const auto hub = "model.layers.{}." + block;
+  return {
+      {"blk.{}.ffn_gate_inp.weight", hub + ".gate.weight"},
+      {"blk.{}.ffn_gate_exps.weight", hub + ".experts.*." + gate + ".weight"},
+      {"blk.{}.ffn_up_exps.weight", hub + ".experts.*." + up + ".weight"},
+      {"blk.{}.ffn_down_exps.weight", hub + ".experts.*." + down + ".weight"},
+  };
+}
+
+void gguf_moe_config(const GgufMetadata& m, nlohmann::json& c, bool normalized) {
+  c["num_experts"] = m.integer("expert_count");
+  c["num_experts_per_tok"] = m.integer("expert_used_count");
+  c["norm_topk_prob"] = normalized;
+}
+
+std::vector<std::pair<std::string, GgufValue>> gguf_moe_metadata(const std::string& arch, const MoeConfig& moe,
+                                                                 bool normalized, const std::string& source) {
+  // llama.cpp's graphs of these architectures run every layer sparse, and renormalize the chosen
+  // experts' weights or not as the architecture's original does.
+  if (moe.decoder_sparse_step != 1 || !moe.mlp_only_layers.empty() || moe.first_k_dense_replace != 0) {
+    throw ConfigError(fmt::format("{}: dense layers among the sparse ones (decoder_sparse_step {}, mlp_only_layers of "
+                                  "{}, first_k_dense_replace {}); llama.cpp's '{}' makes every layer sparse",
+                                  source, moe.decoder_sparse_step, moe.mlp_only_layers.size(),
+                                  moe.first_k_dense_replace, arch));
+  }
+  if (moe.norm_topk_prob != normalized) {
+    throw ConfigError(fmt::format("{}: norm_topk_prob {}; llama.cpp's '{}' always runs it {} and has no key for it",
+                                  source, moe.norm_topk_prob, arch, normalized));
+  }
+  if (moe.num_experts <= 0 || moe.num_experts_per_tok <= 0) {
+    throw ConfigError(fmt::format("{}: num_experts {} and num_experts_per_tok {} must be positive for llama.cpp's '{}'",
+                                  source, moe.num_experts, moe.num_experts_per_tok, arch));
+  }
+  return {{arch + ".expert_count", GgufValue::of(static_cast<uint32_t>(moe.num_experts))},
+          {arch + ".expert_used_count", GgufValue::of(static_cast<uint32_t>(moe.num_experts_per_tok))}};
 }
 
 void gguf_unit_offset_norms(std::vector<GgufTensorName>& names) {

@@ -1,6 +1,8 @@
 // Llama: Hugging Face's defaults, class names and patch points on the shared decoder blocks.
 #include "torchpatch/models/llama.h"
 
+#include <fmt/format.h>
+
 #include "torchpatch/models/decoder_family.h"
 
 namespace torchpatch::llama {
@@ -42,6 +44,16 @@ Family family() {
   };
   // llama.cpp's Llama converter permutes q and k rows for its interleaved RoPE; its Qwen ones do not.
   family.gguf = gguf_decoder_architecture("llama", "llama", "LlamaForCausalLM", /*permuted_qk=*/true);
+  // llama.cpp's converter writes Mixtral as "llama" with experts: refused, not read as a dense Llama
+  // without its MLPs.
+  family.gguf->config = [dense = family.gguf->config](const GgufMetadata& m) {
+    if (const auto experts = m.integer_or("expert_count"); experts && *experts > 0) {
+      m.fail(m.full("expert_count"), fmt::format("{}: a mixture of experts (Mixtral, which llama.cpp's converter "
+                                                 "writes as 'llama'); torchpatch reads dense Llama files only",
+                                                 *experts));
+    }
+    return dense(m);
+  };
   return family;
 }
 

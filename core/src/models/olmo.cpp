@@ -210,6 +210,41 @@ class OlmoeForCausalLM : public DecoderForCausalLM {
   explicit OlmoeForCausalLM(const BuildContext& ctx) : DecoderForCausalLM(ctx, spec()) {}
 };
 
+// A file llama.cpp's converter wrote as "olmoe", as llama.cpp runs it: every layer sparse, each expert
+// feed_forward_length wide, the top-k weights as the softmax gives them. The converter writes
+// attention.layer_norm_rms_epsilon 1e-5 whatever the checkpoint's rms_norm_eps (OLMoE-1B-7B's), and
+// llama.cpp runs the file with that; so does torchpatch.
+nlohmann::json gguf_config(const GgufMetadata& m) {
+  auto c = gguf_decoder_config(m, "olmoe", "OlmoeForCausalLM");
+  gguf_moe_config(m, c, /*normalized=*/false);
+  return c;
+}
+
+// llama.cpp's OLMoE clamps nothing and renormalizes nothing: clip_qkv and norm_topk_prob are refused.
+std::vector<std::pair<std::string, checkpoint::GgufValue>> gguf_metadata(const nlohmann::json& c,
+                                                                        const DecoderTraits& traits) {
+  const std::string source = "olmoe as GGUF architecture 'olmoe'";
+  if (c.contains("clip_qkv") && !c["clip_qkv"].is_null()) {
+    throw ConfigError(fmt::format("{}: clip_qkv {} (llama.cpp's olmoe does not clamp q, k and v; set it to null)",
+                                  source, printable(c["clip_qkv"].dump(), 50)));
+  }
+  auto m = gguf_decoder_metadata("olmoe", c);
+  const auto moe = parse_decoder_config(c, source, traits).decoder.moe;
+  for (auto& key : gguf_moe_metadata("olmoe", moe, /*normalized=*/false, source)) m.push_back(std::move(key));
+  return m;
+}
+
+// The usual tensors (q/k norms over the whole projection, as OLMo 2's) and the experts stacked.
+GgufArchitecture gguf_architecture(const DecoderTraits& traits) {
+  GgufArchitecture a;
+  a.names = {"olmoe"};
+  a.config = gguf_config;
+  a.tensors = gguf_decoder_tensor_names(/*permuted_qk=*/false);
+  for (auto& n : gguf_expert_tensor_names()) a.tensors.push_back(std::move(n));
+  a.metadata = [traits](const nlohmann::json& c) { return gguf_metadata(c, traits); };
+  return a;
+}
+
 }  // namespace
 
 Family family() {
@@ -235,6 +270,7 @@ Family family() {
   auto tiny = tiny_decoder_preset("olmoe", "OlmoeForCausalLM");
   tiny.update({{"num_experts", 4}, {"num_experts_per_tok", 2}, {"num_key_value_heads", 4}});
   family.presets = {{"tiny-olmoe", tiny}};
+  family.gguf = gguf_architecture(traits);
   return family;
 }
 

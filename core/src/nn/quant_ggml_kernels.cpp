@@ -3,9 +3,10 @@
 // then dotted with every token's float activations. A few tokens (decoding) go row by row; a prompt's
 // many tokens take tiles of rows dequantized once and multiplied by LibTorch's matrix product.
 //
-// The unpacking and dequantizing are written as plain loops over bytes, inlined into each
-// instruction set's kernel and compiled with -O3 (core/CMakeLists.txt), so the compiler vectorizes
-// them for that set; the dot products are written out per set.
+// Unpacking has a plain C++ form (the scalar kernel) and one with AVX2's byte operations (AVX2 and
+// AVX-512: 32 weights per instruction, then 8 converted to float and scaled per multiply-add); the
+// dot products are written out per instruction set. Measured: the compiler's own vectorization of
+// the plain loops gathered bytes one by one, several times slower than the float32 model.
 #include "nn/quant_ggml.h"
 
 #include <algorithm>
@@ -29,7 +30,17 @@ constexpr int64_t kGroup = 16;  // weights sharing one a and one b
 #define TP_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define TP_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
-float half(const uint8_t* p) { return c10::detail::fp16_ieee_to_fp32_value(static_cast<uint16_t>(p[0] | p[1] << 8)); }
+// Every fp16 value as float32: one load per scale, where converting bits costs a dozen instructions
+// (a sixth of a Q4_1 row's decoding, measured) and F16C is not in every kernel here.
+struct HalfTable {
+  HalfTable() {
+    for (uint32_t h = 0; h < 65536; ++h) values[h] = c10::detail::fp16_ieee_to_fp32_value(static_cast<uint16_t>(h));
+  }
+  float values[65536];
+};
+const HalfTable kHalves;
+
+TP_ALWAYS_INLINE float half(const uint8_t* p) { return kHalves.values[p[0] | p[1] << 8]; }
 
 uint32_t word(const uint8_t* p) {
   uint32_t v;
@@ -37,120 +48,173 @@ uint32_t word(const uint8_t* p) {
   return v;
 }
 
-// -- unpacking one block: q [block weights], a and b [block weights / 16] ------------------------------------
+// -- unpacking one block: bytes q [block weights] and a, b [block weights / 16] ------------------------------
+//
+// `scales` reads a and b; `bytes` the quants in natural order, once in plain C++ and once with AVX2's
+// byte operations (32 weights per instruction; the AVX-512 kernel uses them too).
 
 // Q4_1 [d][m][16: q[j] | q[j+16] << 4]: w = d q + m. Q5_0 / Q5_1 add a fifth bit, bit j of a 32-bit
 // word (Q5_0: [d][qh][16], w = d (q - 16); Q5_1: [d][m][qh][16], w = d q + m).
 template <QuantFormat F>
-TP_ALWAYS_INLINE void unpack_block32(const uint8_t* blk, uint8_t* q, float* a, float* b) {
-  constexpr bool five = F != QuantFormat::kQ4_1, offset = F == QuantFormat::kQ5_0;
-  const float d = half(blk);
-  const float m = offset ? -16.0f * d : half(blk + 2);
-  const uint8_t* qs = blk + (F == QuantFormat::kQ4_1 ? 4 : F == QuantFormat::kQ5_0 ? 6 : 8);
-  const uint32_t qh = five ? word(blk + (offset ? 2 : 4)) : 0;
-  for (int j = 0; j < 16; ++j) {
-    q[j] = static_cast<uint8_t>((qs[j] & 0xF) | (five ? ((qh >> j) & 1) << 4 : 0));
-    q[j + 16] = static_cast<uint8_t>((qs[j] >> 4) | (five ? ((qh >> (j + 16)) & 1) << 4 : 0));
-  }
-  a[0] = a[1] = d;
-  b[0] = b[1] = m;
-}
+struct Layout32 {
+  static constexpr bool kFive = F != QuantFormat::kQ4_1, kOffset = F == QuantFormat::kQ5_0;
+  static constexpr int kQs = F == QuantFormat::kQ4_1 ? 4 : F == QuantFormat::kQ5_0 ? 6 : 8;
+  static constexpr int kQh = kOffset ? 2 : 4;
+};
 
 // Q2_K [16 scales: d-nibble | m-nibble << 4][64: 2-bit quants][d][dmin]: weight 128 h + 32 s + l is
 // bits 2s of byte 32 h + l; w = d sc q - dmin m per 16.
-TP_ALWAYS_INLINE void unpack_q2_k(const uint8_t* blk, uint8_t* q, float* a, float* b) {
-  const uint8_t* qs = blk + 16;
-  const float d = half(blk + 80), dmin = half(blk + 82);
-  for (int h = 0; h < 2; ++h) {
-    for (int s = 0; s < 4; ++s) {
-      for (int l = 0; l < 32; ++l) q[128 * h + 32 * s + l] = (qs[32 * h + l] >> (2 * s)) & 3;
-    }
-  }
-  for (int g = 0; g < 16; ++g) {
-    a[g] = d * static_cast<float>(blk[g] & 0xF);
-    b[g] = -(dmin * static_cast<float>(blk[g] >> 4));
-  }
-}
-
 // Q3_K [32 hmask][64: 2-bit quants as Q2_K][12: 16 six-bit scales][d]: the third bit is bit v / 32
 // of hmask[v % 32]; w = d (scale - 32) (q - 4), q = the two bits plus 4 times the third.
-TP_ALWAYS_INLINE void unpack_q3_k(const uint8_t* blk, uint8_t* q, float* a, float* b) {
-  const uint8_t* hmask = blk;
-  const uint8_t* qs = blk + 32;
-  const uint8_t* sc = blk + 96;
-  const float d = half(blk + 108);
-  for (int h = 0; h < 2; ++h) {
-    for (int s = 0; s < 4; ++s) {
-      for (int l = 0; l < 32; ++l) {
-        q[128 * h + 32 * s + l] = static_cast<uint8_t>(((qs[32 * h + l] >> (2 * s)) & 3) |
-                                                       ((hmask[l] >> (4 * h + s)) & 1) << 2);
-      }
-    }
-  }
-  for (int g = 0; g < 16; ++g) {
-    const int low = (sc[g % 8] >> (g < 8 ? 0 : 4)) & 0xF, high = (sc[8 + g % 4] >> (2 * (g / 4))) & 3;
-    a[g] = d * static_cast<float>((low | high << 4) - 32);
-    b[g] = -4.0f * a[g];
-  }
-}
-
 // Q4_K [d][dmin][12: eight 6-bit scales and mins][(Q5_K: 32 qh)][128 nibbles]: weight 64 c + 32 n + l
 // is nibble n of byte 32 c + l (Q5_K: fifth bit 2c + n of qh[l]); w = d sc q - dmin m per 32.
-template <bool Five>
-TP_ALWAYS_INLINE void unpack_q45_k(const uint8_t* blk, uint8_t* q, float* a, float* b) {
-  const float d = half(blk), dmin = half(blk + 2);
-  const uint8_t* s = blk + 4;
-  const uint8_t* qh = blk + 16;
-  const uint8_t* qs = blk + (Five ? 48 : 16);
-  for (int c = 0; c < 4; ++c) {
-    for (int n = 0; n < 2; ++n) {
-      for (int l = 0; l < 32; ++l) {
-        q[64 * c + 32 * n + l] = static_cast<uint8_t>(((qs[32 * c + l] >> (4 * n)) & 0xF) |
-                                                      (Five ? ((qh[l] >> (2 * c + n)) & 1) << 4 : 0));
-      }
-    }
-  }
-  for (int j = 0; j < 8; ++j) {
-    const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-    const int m = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    a[2 * j] = a[2 * j + 1] = d * static_cast<float>(sc);
-    b[2 * j] = b[2 * j + 1] = -(dmin * static_cast<float>(m));
-  }
-}
-
 // Q6_K [128 low nibbles][64 high pairs][16 int8 scales][d]: weight 128 h + 32 k + l has low nibble k / 2
 // of ql[64 h + 32 (k % 2) + l], high bits 2k of qh[32 h + l]; w = d sc (q - 32) per 16.
-TP_ALWAYS_INLINE void unpack_q6_k(const uint8_t* blk, uint8_t* q, float* a, float* b) {
-  const uint8_t* ql = blk;
-  const uint8_t* qh = blk + 128;
-  const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
-  const float d = half(blk + 208);
-  for (int h = 0; h < 2; ++h) {
-    for (int k = 0; k < 4; ++k) {
-      for (int l = 0; l < 32; ++l) {
-        q[128 * h + 32 * k + l] = static_cast<uint8_t>(((ql[64 * h + 32 * (k % 2) + l] >> (4 * (k / 2))) & 0xF) |
-                                                       ((qh[32 * h + l] >> (2 * k)) & 3) << 4);
-      }
+
+template <QuantFormat F>
+TP_ALWAYS_INLINE void scales(const uint8_t* __restrict blk, float* __restrict a, float* __restrict b) {
+  if constexpr (F == QuantFormat::kQ2_K) {
+    const float d = half(blk + 80), dmin = half(blk + 82);
+    for (int g = 0; g < 16; ++g) {
+      a[g] = d * static_cast<float>(blk[g] & 0xF);
+      b[g] = -(dmin * static_cast<float>(blk[g] >> 4));
     }
-  }
-  for (int g = 0; g < 16; ++g) {
-    a[g] = d * static_cast<float>(sc[g]);
-    b[g] = -32.0f * a[g];
+  } else if constexpr (F == QuantFormat::kQ3_K) {
+    const uint8_t* sc = blk + 96;
+    const float d = half(blk + 108);
+    for (int g = 0; g < 16; ++g) {
+      const int low = (sc[g % 8] >> (g < 8 ? 0 : 4)) & 0xF, high = (sc[8 + g % 4] >> (2 * (g / 4))) & 3;
+      a[g] = d * static_cast<float>((low | high << 4) - 32);
+      b[g] = -4.0f * a[g];
+    }
+  } else if constexpr (F == QuantFormat::kQ4_K || F == QuantFormat::kQ5_K) {
+    const float d = half(blk), dmin = half(blk + 2);
+    const uint8_t* s = blk + 4;
+    for (int j = 0; j < 8; ++j) {
+      const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+      const int m = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+      a[2 * j] = a[2 * j + 1] = d * static_cast<float>(sc);
+      b[2 * j] = b[2 * j + 1] = -(dmin * static_cast<float>(m));
+    }
+  } else if constexpr (F == QuantFormat::kQ6_K) {
+    const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    const float d = half(blk + 208);
+    for (int g = 0; g < 16; ++g) {
+      a[g] = d * static_cast<float>(sc[g]);
+      b[g] = -32.0f * a[g];
+    }
+  } else {
+    const float d = half(blk);
+    a[0] = a[1] = d;
+    b[0] = b[1] = Layout32<F>::kOffset ? -16.0f * d : half(blk + 2);
   }
 }
 
 template <QuantFormat F>
-TP_ALWAYS_INLINE void unpack_block(const uint8_t* blk, uint8_t* q, float* a, float* b) {
-  if constexpr (F == QuantFormat::kQ2_K) {
-    unpack_q2_k(blk, q, a, b);
-  } else if constexpr (F == QuantFormat::kQ3_K) {
-    unpack_q3_k(blk, q, a, b);
+TP_ALWAYS_INLINE void bytes(const uint8_t* __restrict blk, uint8_t* __restrict q) {
+  if constexpr (F == QuantFormat::kQ2_K || F == QuantFormat::kQ3_K) {
+    const uint8_t* qs = blk + (F == QuantFormat::kQ2_K ? 16 : 32);
+    for (int h = 0; h < 2; ++h) {
+      for (int s = 0; s < 4; ++s) {
+        for (int l = 0; l < 32; ++l) {
+          const int third = F == QuantFormat::kQ3_K ? ((blk[l] >> (4 * h + s)) & 1) << 2 : 0;  // hmask first
+          q[128 * h + 32 * s + l] = static_cast<uint8_t>(((qs[32 * h + l] >> (2 * s)) & 3) | third);
+        }
+      }
+    }
   } else if constexpr (F == QuantFormat::kQ4_K || F == QuantFormat::kQ5_K) {
-    unpack_q45_k<F == QuantFormat::kQ5_K>(blk, q, a, b);
+    constexpr bool five = F == QuantFormat::kQ5_K;
+    const uint8_t* qh = blk + 16;
+    const uint8_t* qs = blk + (five ? 48 : 16);
+    for (int c = 0; c < 4; ++c) {
+      for (int n = 0; n < 2; ++n) {
+        for (int l = 0; l < 32; ++l) {
+          q[64 * c + 32 * n + l] = static_cast<uint8_t>(((qs[32 * c + l] >> (4 * n)) & 0xF) |
+                                                        (five ? ((qh[l] >> (2 * c + n)) & 1) << 4 : 0));
+        }
+      }
+    }
   } else if constexpr (F == QuantFormat::kQ6_K) {
-    unpack_q6_k(blk, q, a, b);
+    const uint8_t* ql = blk;
+    const uint8_t* qh = blk + 128;
+    for (int h = 0; h < 2; ++h) {
+      for (int k = 0; k < 4; ++k) {
+        for (int l = 0; l < 32; ++l) {
+          q[128 * h + 32 * k + l] = static_cast<uint8_t>(((ql[64 * h + 32 * (k % 2) + l] >> (4 * (k / 2))) & 0xF) |
+                                                         ((qh[32 * h + l] >> (2 * k)) & 3) << 4);
+        }
+      }
+    }
   } else {
-    unpack_block32<F>(blk, q, a, b);
+    using L = Layout32<F>;
+    const uint8_t* qs = blk + L::kQs;
+    const uint32_t qh = L::kFive ? word(blk + L::kQh) : 0;
+    for (int j = 0; j < 16; ++j) {
+      q[j] = static_cast<uint8_t>((qs[j] & 0xF) | (L::kFive ? ((qh >> j) & 1) << 4 : 0));
+      q[j + 16] = static_cast<uint8_t>((qs[j] >> 4) | (L::kFive ? ((qh >> (j + 16)) & 1) << 4 : 0));
+    }
+  }
+}
+
+// Bits of `v`'s bytes shifted right by `n`, masked to `mask` (the shift is per 16-bit word; the mask
+// drops what came over from the neighbouring byte).
+TP_AVX2 inline __m256i bits_avx2(__m256i v, int n, int mask) {
+  return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(n)), _mm256_set1_epi8(static_cast<char>(mask)));
+}
+
+TP_AVX2 inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+TP_AVX2 inline void store32(uint8_t* p, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+
+// Byte j of 32 = `value` where bit j of `bits` is set, else 0.
+TP_AVX2 inline __m256i bit_bytes_avx2(uint32_t bits, int value) {
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
+                                             _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2,
+                                                              2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+  return _mm256_and_si256(set, _mm256_set1_epi8(static_cast<char>(value)));
+}
+
+template <QuantFormat F>
+TP_AVX2 TP_ALWAYS_INLINE void bytes_avx2(const uint8_t* __restrict blk, uint8_t* __restrict q) {
+  if constexpr (F == QuantFormat::kQ2_K || F == QuantFormat::kQ3_K) {
+    const uint8_t* qs = blk + (F == QuantFormat::kQ2_K ? 16 : 32);
+    const __m256i hmask = load32(blk);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i v = load32(qs + 32 * h);
+      for (int s = 0; s < 4; ++s) {
+        __m256i out = bits_avx2(v, 2 * s, 3);
+        if constexpr (F == QuantFormat::kQ3_K) out = _mm256_or_si256(out, _mm256_slli_epi16(bits_avx2(hmask, 4 * h + s, 1), 2));
+        store32(q + 128 * h + 32 * s, out);
+      }
+    }
+  } else if constexpr (F == QuantFormat::kQ4_K || F == QuantFormat::kQ5_K) {
+    constexpr bool five = F == QuantFormat::kQ5_K;
+    const __m256i qh = load32(blk + 16);
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = load32(blk + (five ? 48 : 16) + 32 * c);
+      for (int n = 0; n < 2; ++n) {
+        __m256i out = bits_avx2(v, 4 * n, 0xF);
+        if constexpr (five) out = _mm256_or_si256(out, _mm256_slli_epi16(bits_avx2(qh, 2 * c + n, 1), 4));
+        store32(q + 64 * c + 32 * n, out);
+      }
+    }
+  } else if constexpr (F == QuantFormat::kQ6_K) {
+    for (int h = 0; h < 2; ++h) {
+      const __m256i qh = load32(blk + 128 + 32 * h);
+      for (int k = 0; k < 4; ++k) {
+        const __m256i low = bits_avx2(load32(blk + 64 * h + 32 * (k % 2)), 4 * (k / 2), 0xF);
+        store32(q + 128 * h + 32 * k, _mm256_or_si256(low, _mm256_slli_epi16(bits_avx2(qh, 2 * k, 3), 4)));
+      }
+    }
+  } else {
+    using L = Layout32<F>;
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + L::kQs));
+    const __m128i low = _mm_and_si128(qs, _mm_set1_epi8(0xF)), high = _mm_and_si128(_mm_srli_epi16(qs, 4), _mm_set1_epi8(0xF));
+    __m256i out = _mm256_set_m128i(high, low);
+    if constexpr (L::kFive) out = _mm256_or_si256(out, bit_bytes_avx2(word(blk + L::kQh), 16));
+    store32(q, out);
   }
 }
 
@@ -166,136 +230,156 @@ struct Problem {
   float* y;  // [tokens, out_features]
 };
 
-// Row `o` of W as float32 into `out` [in], through `q` [in] and `a`, `b` [in / 16]: a q + b per 16.
+/// Per part of the rows: a row's bytes q [in], a and b [in / 16].
+struct Scratch {
+  explicit Scratch(const Problem& p) : q(p.in), a(p.groups), b(p.groups) {}
+  std::vector<uint8_t> q;
+  std::vector<float> a, b;
+};
+
+// Row `o` of W as float32 into `out` [in]: unpacked into `s`, then a q + b per 16 weights.
 template <QuantFormat F>
-TP_ALWAYS_INLINE void dequantize_row(const Problem& p, int64_t o, uint8_t* q, float* a, float* b, float* out) {
+void dequantize_row_scalar(const Problem& p, int64_t o, Scratch& s, float* __restrict out) {
   const uint8_t* row = p.w + o * p.row_bytes;
   const int64_t per_block = p.weights / kGroup;
   for (int64_t k = 0; k < p.blocks; ++k) {
-    unpack_block<F>(row + k * p.bytes, q + k * p.weights, a + k * per_block, b + k * per_block);
+    scales<F>(row + k * p.bytes, s.a.data() + k * per_block, s.b.data() + k * per_block);
+    bytes<F>(row + k * p.bytes, s.q.data() + k * p.weights);
   }
   for (int64_t g = 0; g < p.groups; ++g) {
-    for (int64_t j = 0; j < kGroup; ++j) out[g * kGroup + j] = a[g] * static_cast<float>(q[g * kGroup + j]) + b[g];
+    for (int64_t j = 0; j < kGroup; ++j) out[g * kGroup + j] = s.a[g] * static_cast<float>(s.q[g * kGroup + j]) + s.b[g];
   }
+}
+
+template <QuantFormat F>
+TP_AVX2 void dequantize_row_avx2(const Problem& p, int64_t o, Scratch& s, float* __restrict out) {
+  const uint8_t* row = p.w + o * p.row_bytes;
+  const int64_t per_block = p.weights / kGroup;
+  for (int64_t k = 0; k < p.blocks; ++k) {
+    scales<F>(row + k * p.bytes, s.a.data() + k * per_block, s.b.data() + k * per_block);
+    bytes_avx2<F>(row + k * p.bytes, s.q.data() + k * p.weights);
+  }
+  for (int64_t g = 0; g < p.groups; ++g) {
+    const __m256 a = _mm256_set1_ps(s.a[g]), b = _mm256_set1_ps(s.b[g]);
+    for (int64_t j = 0; j < kGroup; j += 8) {
+      const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s.q.data() + g * kGroup + j));
+      const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q8));
+      _mm256_storeu_ps(out + g * kGroup + j, _mm256_fmadd_ps(q, a, b));
+    }
+  }
+}
+
+// One row dotted with one token without a float copy of the row: per block, its bytes and scales in
+// cache, each 8 weights converted, scaled and multiplied with the token at once (decoding).
+template <QuantFormat F>
+TP_AVX2 float fused_dot_avx2(const Problem& p, int64_t o, const float* __restrict x) {
+  alignas(32) uint8_t q[256];
+  float a[16], b[16];
+  const uint8_t* row = p.w + o * p.row_bytes;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (int64_t k = 0; k < p.blocks; ++k, x += p.weights) {
+    scales<F>(row + k * p.bytes, a, b);
+    bytes_avx2<F>(row + k * p.bytes, q);
+    for (int64_t g = 0; g < p.weights / kGroup; ++g) {
+      const __m256 ag = _mm256_set1_ps(a[g]), bg = _mm256_set1_ps(b[g]);
+      const __m128i q16 = _mm_load_si128(reinterpret_cast<const __m128i*>(q + g * kGroup));
+      const __m256 w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q16)), ag, bg);
+      const __m256 w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q16, 8))), ag, bg);
+      acc0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + g * kGroup), acc0);
+      acc1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + g * kGroup + 8), acc1);
+    }
+  }
+  const __m256 acc = _mm256_add_ps(acc0, acc1);
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
 // -- dot products of a dequantized row with a token ----------------------------------------------------
 
-struct DotScalar {
-  float operator()(const float* w, const float* x, int64_t n) const {
-    float acc = 0.0f;
-    for (int64_t i = 0; i < n; ++i) acc += w[i] * x[i];
-    return acc;
-  }
-};
+float dot_scalar(const float* w, const float* x, int64_t n) {
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n; ++i) acc += w[i] * x[i];
+  return acc;
+}
 
-struct DotAvx2 {  // n a multiple of 16
-  TP_AVX2 float operator()(const float* w, const float* x, int64_t n) const {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n; i += 16) {
-      acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), acc0);
-      acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), acc1);
-    }
-    const __m256 acc = _mm256_add_ps(acc0, acc1);
-    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+TP_AVX2 float dot_avx2(const float* w, const float* x, int64_t n) {  // n a multiple of 16
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), acc1);
   }
-};
+  const __m256 acc = _mm256_add_ps(acc0, acc1);
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
 
-struct DotAvx512 {  // n a multiple of 16
-  TP_AVX512 float operator()(const float* w, const float* x, int64_t n) const {
-    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};  // two chains of multiply-adds in flight
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-      acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), acc[0]);
-      acc[1] = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(x + i + 16), acc[1]);
-    }
-    if (i < n) acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), acc[0]);
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+TP_AVX512 float dot_avx512(const float* w, const float* x, int64_t n) {  // n a multiple of 16
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};  // two chains of multiply-adds in flight
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), acc[0]);
+    acc[1] = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(x + i + 16), acc[1]);
   }
-};
+  if (i < n) acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), acc[0]);
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+}
 
 // -- rows ----------------------------------------------------------------------------------------------------
+
+using DequantizeFn = void (*)(const Problem&, int64_t, Scratch&, float*);
+using DotFn = float (*)(const float*, const float*, int64_t);
+using FusedDotFn = float (*)(const Problem&, int64_t, const float*);
+
+struct Kernels {
+  DequantizeFn dequantize;
+  DotFn dot;
+  FusedDotFn fused;  ///< one token, or nullptr
+};
 
 // From this many tokens on, tiles of kTileRows rows are dequantized and multiplied by at::mm.
 constexpr int64_t kMatmulTokens = 16;
 constexpr int64_t kTileRows = 64;
 
-// Output rows [begin, end) for a few tokens: each row dequantized once, then dotted with every token.
-// Inlined into a wrapper per instruction set, which the unpacking is compiled for.
-template <QuantFormat F, class Dot>
-TP_ALWAYS_INLINE void rows(const Problem& p, int64_t begin, int64_t end) {
-  std::vector<uint8_t> q(p.in);
-  std::vector<float> a(p.groups), b(p.groups), w(p.in);
-  const Dot dot;
+// Output rows [begin, end) for a few tokens: each row dequantized once (in cache), then dotted with
+// every token.
+void rows(const Problem& p, const Kernels& k, int64_t begin, int64_t end) {
+  if (p.tokens == 1 && k.fused != nullptr) {
+    for (int64_t o = begin; o < end; ++o) p.y[o] = k.fused(p, o, p.x) + (p.bias != nullptr ? p.bias[o] : 0.0f);
+    return;
+  }
+  Scratch scratch(p);
+  std::vector<float> w(p.in);
   for (int64_t o = begin; o < end; ++o) {
-    dequantize_row<F>(p, o, q.data(), a.data(), b.data(), w.data());
+    k.dequantize(p, o, scratch, w.data());
     for (int64_t t = 0; t < p.tokens; ++t) {
-      const float v = dot(w.data(), p.x + t * p.in, p.in);
+      const float v = k.dot(w.data(), p.x + t * p.in, p.in);
       p.y[t * p.out_features + o] = v + (p.bias != nullptr ? p.bias[o] : 0.0f);
     }
   }
 }
 
-// Tiles [begin, end) of kTileRows rows for many tokens: y[:, tile] = x tile^T.
-template <QuantFormat F>
-TP_ALWAYS_INLINE void tiles(const Problem& p, int64_t begin, int64_t end) {
-  std::vector<uint8_t> q(p.in);
-  std::vector<float> a(p.groups), b(p.groups);
+// Tiles [begin, end) of kTileRows rows for many tokens: y[:, tile] = x tile^T (+ bias).
+void tiles(const Problem& p, const Kernels& k, int64_t begin, int64_t end) {
+  Scratch scratch(p);
   at::Tensor tile = at::empty({kTileRows, p.in}, at::kFloat);
   const at::Tensor x = at::from_blob(const_cast<float*>(p.x), {p.tokens, p.in}, at::kFloat);
   const at::Tensor y = at::from_blob(p.y, {p.tokens, p.out_features}, at::kFloat);
   for (int64_t i = begin; i < end; ++i) {
     const int64_t first = i * kTileRows, n = std::min(kTileRows, p.out_features - first);
-    for (int64_t r = 0; r < n; ++r) dequantize_row<F>(p, first + r, q.data(), a.data(), b.data(), tile.data_ptr<float>() + r * p.in);
-    const at::Tensor part = at::mm(x, tile.narrow(0, 0, n).t());
-    y.narrow(1, first, n).copy_(p.bias != nullptr ? part + at::from_blob(const_cast<float*>(p.bias) + first, {n}, at::kFloat) : part);
+    for (int64_t r = 0; r < n; ++r) k.dequantize(p, first + r, scratch, tile.data_ptr<float>() + r * p.in);
+    at::Tensor part = at::mm(x, tile.narrow(0, 0, n).t());
+    if (p.bias != nullptr) part += at::from_blob(const_cast<float*>(p.bias) + first, {n}, at::kFloat);
+    y.narrow(1, first, n).copy_(part);
   }
 }
 
 template <QuantFormat F>
-void rows_scalar(const Problem& p, int64_t begin, int64_t end) {
-  rows<F, DotScalar>(p, begin, end);
-}
-
-template <QuantFormat F>
-void tiles_scalar(const Problem& p, int64_t begin, int64_t end) {
-  tiles<F>(p, begin, end);
-}
-
-template <QuantFormat F>
-TP_AVX2 void rows_avx2(const Problem& p, int64_t begin, int64_t end) {
-  rows<F, DotAvx2>(p, begin, end);
-}
-
-template <QuantFormat F>
-TP_AVX2 void tiles_avx2(const Problem& p, int64_t begin, int64_t end) {
-  tiles<F>(p, begin, end);
-}
-
-template <QuantFormat F>
-TP_AVX512 void rows_avx512(const Problem& p, int64_t begin, int64_t end) {
-  rows<F, DotAvx512>(p, begin, end);
-}
-
-template <QuantFormat F>
-TP_AVX512 void tiles_avx512(const Problem& p, int64_t begin, int64_t end) {
-  tiles<F>(p, begin, end);
-}
-
-using RowsFn = void (*)(const Problem&, int64_t, int64_t);
-
-struct Kernels {
-  RowsFn rows;   // output rows [begin, end), a few tokens
-  RowsFn tiles;  // tiles of kTileRows rows, many tokens
-};
-
-template <QuantFormat F>
 Kernels kernels_for(QuantKernel kernel) {
-  if (kernel == QuantKernel::kAvx512) return {rows_avx512<F>, tiles_avx512<F>};
-  if (kernel == QuantKernel::kAvx2) return {rows_avx2<F>, tiles_avx2<F>};
-  return {rows_scalar<F>, tiles_scalar<F>};
+  if (kernel == QuantKernel::kAvx512) return {dequantize_row_avx2<F>, dot_avx512, fused_dot_avx2<F>};
+  if (kernel == QuantKernel::kAvx2) return {dequantize_row_avx2<F>, dot_avx2, fused_dot_avx2<F>};
+  return {dequantize_row_scalar<F>, dot_scalar, nullptr};
 }
 
 Kernels kernels_for(QuantFormat format, QuantKernel kernel) {
@@ -308,7 +392,7 @@ Kernels kernels_for(QuantFormat format, QuantKernel kernel) {
     case QuantFormat::kQ4_K: return kernels_for<QuantFormat::kQ4_K>(kernel);
     case QuantFormat::kQ5_K: return kernels_for<QuantFormat::kQ5_K>(kernel);
     case QuantFormat::kQ6_K: return kernels_for<QuantFormat::kQ6_K>(kernel);
-    default: return {nullptr, nullptr};  // Q8_0 and Q4_0 have kernels of their own (quant_kernels.cpp)
+    default: return {nullptr, nullptr, nullptr};  // Q8_0 and Q4_0 have kernels of their own (quant_kernels.cpp)
   }
 }
 
@@ -334,14 +418,14 @@ void linear(QuantFormat format, QuantKernel kernel, const float* x, int64_t toke
   p.x = x;
   p.bias = bias;
   p.y = y;
-  const Kernels run = kernels_for(format, kernel);
+  const Kernels k = kernels_for(format, kernel);
   if (tokens >= kMatmulTokens) {
     at::parallel_for(0, (out_features + kTileRows - 1) / kTileRows, 1,
-                     [&](int64_t begin, int64_t end) { run.tiles(p, begin, end); });
+                     [&](int64_t begin, int64_t end) { tiles(p, k, begin, end); });
     return;
   }
   const int64_t grain = std::max<int64_t>(1, kMinPartBytes / (p.row_bytes * tokens));
-  const auto body = [&](int64_t begin, int64_t end) { run.rows(p, begin, end); };
+  const auto body = [&](int64_t begin, int64_t end) { rows(p, k, begin, end); };
   // One token on the decode team (base/parallel.h), more on LibTorch's threads.
   if (tokens == 1) {
     base::parallel_for(0, out_features, grain, body);

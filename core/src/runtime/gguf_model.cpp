@@ -66,6 +66,7 @@ class GgufWeights final : public checkpoint::TensorSource {
   struct Entry {
     const GgufTensorInfo* gguf;
     GgufTensorTransform transform;
+    int64_t expert = -1;  // the expert of a stacked experts tensor this hub tensor is; -1: the whole tensor
   };
 
   // `blocks`: the hub names served as the file's blocks (uint8 rows) rather than dequantized.
@@ -75,6 +76,10 @@ class GgufWeights final : public checkpoint::TensorSource {
     for (const auto& t : file_->tensors()) {
       std::string hub = t.name;
       const auto* rule = naming_rule(t.name, names, hub);
+      if (rule != nullptr && rule->stacks_experts()) {
+        add_experts(t, hub, rule->transform);
+        continue;
+      }
       checkpoint::TensorInfo info;
       info.name = hub;
       info.dtype = blocks_.count(hub) ? checkpoint::Dtype::U8 : checkpoint::Dtype::F32;
@@ -85,12 +90,7 @@ class GgufWeights final : public checkpoint::TensorSource {
       }
       info.begin = t.begin;
       info.end = t.end;
-      if (!entries_.emplace(hub, Entry{&t, rule == nullptr ? GgufTensorTransform::kNone : rule->transform}).second) {
-        throw CheckpointError(fmt::format("{}: two tensors become '{}' (the second is '{}')", file_->path().string(),
-                                          hub, printable(t.name)));
-      }
-      index_.emplace(hub, infos_.size());
-      infos_.push_back(std::move(info));
+      add(Entry{&t, rule == nullptr ? GgufTensorTransform::kNone : rule->transform}, std::move(info));
     }
   }
 
@@ -105,8 +105,9 @@ class GgufWeights final : public checkpoint::TensorSource {
   at::Tensor tensor(const std::string& name) const override {
     const auto it = entries_.find(name);
     if (it == entries_.end()) throw CheckpointError(fmt::format("{}: no tensor named '{}'", path().string(), name));
-    const auto& [gguf, transform] = it->second;
-    auto t = blocks_.count(name) ? file_->raw(gguf->name) : file_->tensor(gguf->name);
+    const auto& [gguf, transform, expert] = it->second;
+    auto t = expert >= 0 ? expert_tensor(*gguf, expert)
+                         : blocks_.count(name) ? file_->raw(gguf->name) : file_->tensor(gguf->name);
     if (!blocks_.count(name) && t.scalar_type() != at::kFloat) t = t.to(at::kFloat);
     switch (transform) {
       case GgufTensorTransform::kNone: return t;
@@ -118,6 +119,54 @@ class GgufWeights final : public checkpoint::TensorSource {
   }
 
  private:
+  void add(Entry entry, checkpoint::TensorInfo info) {
+    if (!entries_.emplace(info.name, entry).second) {
+      throw CheckpointError(fmt::format("{}: two tensors become '{}' (the second is '{}')", file_->path().string(),
+                                        info.name, printable(entry.gguf->name)));
+    }
+    index_.emplace(info.name, infos_.size());
+    infos_.push_back(std::move(info));
+  }
+
+  // A stacked experts tensor [E, ...] as E hub tensors: `hub` with each expert's number in place of
+  // its `*`, each naming its own bytes (the experts are the outermost dimension). E is bounded as
+  // llama.cpp bounds it, so that a hostile file cannot make a name for each of billions of experts.
+  void add_experts(const GgufTensorInfo& t, const std::string& hub, GgufTensorTransform transform) {
+    constexpr int64_t kMaxExperts = 1024;  // llama.cpp's LLAMA_MAX_EXPERTS
+    const auto shape = t.shape();
+    if (shape.size() < 2 || t.numel() == 0 || shape[0] > kMaxExperts) {
+      throw CheckpointError(fmt::format("{}: tensor '{}' of shape [{}]: stacked experts are [experts, rows, ...] "
+                                        "with values, at most {} experts (llama.cpp's limit)",
+                                        file_->path().string(), printable(t.name), fmt::join(shape, ", "),
+                                        kMaxExperts));
+    }
+    const auto bytes = (t.end - t.begin) / static_cast<uint64_t>(shape[0]);
+    const auto star = hub.find(".*.");
+    for (int64_t e = 0; e < shape[0]; ++e) {
+      checkpoint::TensorInfo info;
+      info.name = hub;
+      info.name.replace(star, 3, fmt::format(".{}.", e));
+      info.dtype = checkpoint::Dtype::F32;
+      info.shape.assign(shape.begin() + 1, shape.end());
+      info.begin = t.begin + static_cast<uint64_t>(e) * bytes;
+      info.end = info.begin + bytes;
+      add(Entry{&t, transform, e}, std::move(info));
+    }
+  }
+
+  // Expert `e` of a stacked tensor: F32 (and integer types) viewed, other types dequantized alone,
+  // so that reading E experts dequantizes the tensor once, not E times.
+  at::Tensor expert_tensor(const GgufTensorInfo& t, int64_t e) const {
+    if (t.type == checkpoint::GgmlType::F32 || !checkpoint::ggml_type_info(t.type).floating) {
+      return file_->tensor(t.name)[e];
+    }
+    const auto blocks = file_->raw(t.name)[e].contiguous();
+    const auto shape = t.shape();
+    auto out = at::empty(std::vector<int64_t>(shape.begin() + 1, shape.end()), at::kFloat);
+    checkpoint::dequantize_ggml(t.type, blocks.data_ptr<uint8_t>(), out.numel(), out.data_ptr<float>());
+    return out;
+  }
+
   std::shared_ptr<const GgufFile> file_;
   int64_t heads_, kv_heads_;
   std::set<std::string> blocks_;
@@ -228,6 +277,43 @@ checkpoint::GgmlType type_of(const std::string& name, const at::Tensor& t, const
   throw ConfigError(fmt::format("{}: dtype {} has no GGML type", name, c10::toString(t.scalar_type())));
 }
 
+// `pattern` with the number after ".experts." replaced by `*` (a stacked-experts rule's hub name), the
+// number in `expert`; `pattern` itself where it names no expert.
+std::string expert_pattern(const std::string& pattern, std::string& expert) {
+  const std::string marker = ".experts.";
+  const auto at = pattern.find(marker);
+  if (at == std::string::npos) return pattern;
+  const auto begin = at + marker.size();
+  const auto end = pattern.find('.', begin);
+  if (end == std::string::npos || end == begin || end - begin > 9 ||
+      pattern.find_first_not_of("0123456789", begin) != end) {
+    return pattern;
+  }
+  expert = pattern.substr(begin, end - begin);
+  return pattern.substr(0, begin) + "*" + pattern.substr(end);
+}
+
+// One stacked experts tensor being gathered: its place among the tensors written, and each expert's data.
+struct ExpertStack {
+  size_t slot = 0;
+  std::map<int64_t, at::Tensor> experts;
+};
+
+// The experts of `stack`, numbered 0 to E - 1 and alike, as the [E, ...] tensor llama.cpp reads.
+at::Tensor stacked(const std::string& gguf_name, const ExpertStack& stack) {
+  std::vector<at::Tensor> experts;
+  for (const auto& [e, data] : stack.experts) {
+    const bool alike = experts.empty() ||
+                       (data.sizes() == experts[0].sizes() && data.scalar_type() == experts[0].scalar_type());
+    if (e != static_cast<int64_t>(experts.size()) || !alike) {
+      throw ConfigError(fmt::format("{}: its experts are not numbered 0 to {} with one shape and dtype (expert {})",
+                                    gguf_name, stack.experts.size() - 1, e));
+    }
+    experts.push_back(data);
+  }
+  return at::stack(experts);
+}
+
 }  // namespace
 
 GgufSaveReport save_gguf_model(const PretrainedModel& model, const fs::path& file, const FamilyRegistry& families,
@@ -264,6 +350,7 @@ GgufSaveReport save_gguf_model(const PretrainedModel& model, const fs::path& fil
   const auto heads = config.value("num_attention_heads", int64_t{0});
   const auto kv_heads = config.value("num_key_value_heads", heads);
   std::vector<checkpoint::GgufTensorToWrite> tensors;
+  std::map<std::string, ExpertStack> stacks;  // by GGUF name
   for (const auto& [name, value] : checkpoint::hub_state_dict(
            model, options.conversions ? *options.conversions : checkpoint::global_conversions(), /*keep_encoded=*/true)) {
     std::string pattern = name;
@@ -273,10 +360,17 @@ GgufSaveReport save_gguf_model(const PretrainedModel& model, const fs::path& fil
       layer = name.substr(13, end - 13);
       pattern = "model.layers.{}" + name.substr(end);
     }
-    const auto it = by_hub.find(pattern);
+    std::string expert;
+    auto it = by_hub.find(pattern);
+    if (it == by_hub.end()) it = by_hub.find(expert_pattern(pattern, expert));
     if (it == by_hub.end()) {
       throw ConfigError(fmt::format("{}: tensor '{}' has no llama.cpp name in GGUF architecture '{}'", model.class_name(),
                                     name, arch.names.front()));
+    }
+    if (it->second->stacks_experts() && value.scalar_type() == at::kByte) {
+      throw ConfigError(fmt::format("{}: experts held as quantized blocks are written to GGUF files only as float "
+                                    "(load it with --dequantize, or without --quantize)",
+                                    name));
     }
     at::Tensor data;
     const auto type = type_of(name, value.cpu(), model, data);
@@ -288,8 +382,24 @@ GgufSaveReport save_gguf_model(const PretrainedModel& model, const fs::path& fil
       const auto& info = checkpoint::ggml_type_info(type);
       shape.back() = shape.back() / info.type_size * info.block_size;
     }
-    tensors.push_back({fmt::format(fmt::runtime(it->second->gguf), layer), type, shape, data});
+    const auto gguf_name = fmt::format(fmt::runtime(it->second->gguf), layer);
+    if (it->second->stacks_experts()) {  // gathered here, stacked once every tensor is read
+      auto& stack = stacks[gguf_name];
+      if (stack.experts.empty()) {
+        stack.slot = tensors.size();
+        tensors.push_back({gguf_name, type, {}, {}});
+        ++report.types[checkpoint::ggml_type_info(type).name];
+      }
+      stack.experts.emplace(std::stoll(expert), data);
+      continue;
+    }
+    tensors.push_back({gguf_name, type, shape, data});
     ++report.types[checkpoint::ggml_type_info(type).name];
+  }
+  for (const auto& [gguf_name, stack] : stacks) {
+    auto& out = tensors[stack.slot];
+    out.data = stacked(gguf_name, stack);
+    out.shape = out.data.sizes().vec();
   }
   report.tensors = static_cast<int64_t>(tensors.size());
   checkpoint::save_gguf(file, metadata, tensors);

@@ -6,7 +6,8 @@ For each case of converted/manifest.json it copies the checkpoint (config.json, 
 temporary directory, adds a byte-level BPE tokenizer of 256 tokens (the converter needs one; its ids
 0, 1, 2 are the checkpoints' pad, bos and eos), and runs the converter in this process with
 `--outtype f32`, so every weight is stored as the checkpoint's float32 values (after the converter's
-own transforms: q/k rows permuted for Llama-like families, Gemma's RMSNorm weights stored as 1 + w).
+own transforms: q/k rows permuted for Llama-like families, Gemma's RMSNorm weights stored as 1 + w,
+each MoE layer's experts stacked in one tensor per projection).
 The converter refuses a tokenizer whose pre-tokenizer it does not know by hash; this script makes it
 take such a tokenizer as "default" (llama.cpp's GPT-2 split), which changes nothing in the weights.
 

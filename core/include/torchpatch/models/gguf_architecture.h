@@ -18,6 +18,8 @@
 
 namespace torchpatch {
 
+struct MoeConfig;
+
 /// Typed reads of a GGUF file's metadata; every failure is a ConfigError naming the file and key.
 /// Keys without a dot are the architecture's own (`block_count` reads `llama.block_count`).
 class TORCHPATCH_API GgufMetadata {
@@ -64,11 +66,18 @@ enum class GgufTensorTransform {
 /// One naming rule: `gguf` and `hub` are names where `{}` stands for the layer number.
 struct TORCHPATCH_API GgufTensorName {
   std::string gguf;  ///< e.g. "blk.{}.attn_q.weight"
-  std::string hub;   ///< e.g. "model.layers.{}.self_attn.q_proj.weight"
+  /// e.g. "model.layers.{}.self_attn.q_proj.weight". A `*` segment stands for the expert number
+  /// ("model.layers.{}.mlp.experts.*.gate_proj.weight"): llama.cpp stacks a layer's experts in one
+  /// tensor [E, ...] (blk.N.ffn_gate_exps), which is E hub tensors, one per expert, as the hub
+  /// checkpoints hold them (the family's conversion fuses them as its experts module needs).
+  std::string hub;
   GgufTensorTransform transform = GgufTensorTransform::kNone;
   /// The weight of a Linear patch point (a projection): held as the file's blocks where a loaded
-  /// quantization method multiplies its type (runtime/gguf_model.h).
+  /// quantization method multiplies its type (runtime/gguf_model.h). Stacked experts never are:
+  /// they load as float32.
   bool projection = false;
+  /// Whether `hub` has the `*` of stacked experts.
+  bool stacks_experts() const { return hub.find(".*.") != std::string::npos; }
 };
 
 struct TORCHPATCH_API GgufArchitecture {
@@ -123,6 +132,27 @@ TORCHPATCH_API std::vector<GgufTensorName> gguf_decoder_tensor_names(bool permut
 /// post_attention_layernorm is blk.N.post_attention_norm, post_feedforward_layernorm blk.N.post_ffw_norm,
 /// and Gemma's pre_feedforward_layernorm takes blk.N.ffn_norm.
 TORCHPATCH_API std::vector<GgufTensorName> gguf_post_norm_tensor_names(bool permuted_qk);
+
+/// llama.cpp's names of a sparse block's router and stacked experts (blk.N.ffn_gate_inp,
+/// ffn_gate_exps / ffn_up_exps / ffn_down_exps, each [E, out, in]) in the hub layout of `block`
+/// ("mlp": model.layers.N.mlp.gate, mlp.experts.E.gate_proj / up_proj / down_proj; Mixtral names its
+/// block and projections otherwise).
+TORCHPATCH_API std::vector<GgufTensorName> gguf_expert_tensor_names(const std::string& block = "mlp",
+                                                                    const std::string& gate = "gate_proj",
+                                                                    const std::string& up = "up_proj",
+                                                                    const std::string& down = "down_proj");
+
+/// config.json's expert fields from llama.cpp's keys: num_experts (expert_count) and
+/// num_experts_per_tok (expert_used_count), both required; norm_topk_prob as `normalized`, since
+/// llama.cpp's graph of the architecture fixes it and no key says it.
+TORCHPATCH_API void gguf_moe_config(const GgufMetadata& metadata, nlohmann::json& config, bool normalized);
+
+/// The inverse: expert_count and expert_used_count for architecture `arch`. ConfigError (naming
+/// `source` and the field) for what llama.cpp's graph cannot run: a dense layer among the sparse
+/// ones (decoder_sparse_step, mlp_only_layers, first_k_dense_replace), norm_topk_prob other than
+/// `normalized`.
+TORCHPATCH_API std::vector<std::pair<std::string, checkpoint::GgufValue>> gguf_moe_metadata(
+    const std::string& arch, const MoeConfig& moe, bool normalized, const std::string& source);
 
 /// Marks every RMSNorm weight of `names` (a hub name ending in "norm.weight", the converter's test)
 /// as stored plus one (GgufTensorTransform::kUnitOffset): llama.cpp's Gemma converters.
