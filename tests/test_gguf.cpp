@@ -380,7 +380,7 @@ TEST_CASE("GGUF: llama.cpp's converter's files load as the reference checkpoints
 TEST_CASE("GGUF: a file no family reads is refused naming its architecture and those that are read", "[gguf]") {
   REQUIRE_THROWS_WITH(from_pretrained(gguf_data("all_types_v3.gguf")),
                       Contains("general.architecture 'test' is not one torchpatch reads from GGUF files (it reads: "
-                               "gemma3, granite, llama, olmo2, olmoe, qwen2, qwen2moe, qwen3, qwen3moe, smollm3)"));
+                               "gemma3, glm4moe, granite, llama, olmo2, olmoe, qwen2, qwen2moe, qwen3, qwen3moe, smollm3)"));
   const auto r = testutil::torchpatch_cli("run --model " + gguf_data("all_types_v3.gguf").string() + " --prompt-ids 1,2");
   CHECK(r.code != 0);
   CHECK_THAT(r.out, Contains("general.architecture 'test'") && !Contains("Exception raised from"));
@@ -434,7 +434,8 @@ TEST_CASE("GGUF: save --format gguf writes what llama.cpp's converter writes, an
 TEST_CASE("GGUF: presets of the families with a GGUF architecture go through GGUF and come back as the same model",
           "[gguf]") {
   for (const std::string preset :
-       {"tiny-qwen3", "tiny-llama", "tiny-olmo2", "tiny-granite", "tiny-smollm3", "tiny-gemma3", "tiny-olmoe"}) {
+       {"tiny-qwen3", "tiny-llama", "tiny-olmo2", "tiny-granite", "tiny-smollm3", "tiny-gemma3", "tiny-olmoe",
+        "tiny-mixtral", "tiny-glm4-moe"}) {
     INFO(preset);
     const auto file = testutil::temp_file(preset + ".gguf");
     const auto r = testutil::torchpatch_cli("save --preset " + preset + " --format gguf --output " + file.string());

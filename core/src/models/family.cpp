@@ -101,13 +101,13 @@ std::vector<std::string> FamilyRegistry::model_types() const {
   return types;
 }
 
-std::shared_ptr<const Family> FamilyRegistry::find_gguf(const std::string& arch) const {
+std::shared_ptr<const Family> FamilyRegistry::find_gguf(const GgufMetadata& metadata) const {
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& [type, family] : families_) {
     if (!family->gguf) continue;
-    for (const auto& name : family->gguf->names) {
-      if (name == arch) return family;
-    }
+    const auto& names = family->gguf->names;
+    if (std::find(names.begin(), names.end(), metadata.architecture()) == names.end()) continue;
+    if (!family->gguf->accepts || family->gguf->accepts(metadata)) return family;
   }
   return nullptr;
 }
@@ -119,6 +119,7 @@ std::vector<std::string> FamilyRegistry::gguf_architectures() const {
     if (family->gguf) names.insert(names.end(), family->gguf->names.begin(), family->gguf->names.end());
   }
   std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());  // "llama": Llama's and Mixtral's
   return names;
 }
 

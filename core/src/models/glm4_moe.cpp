@@ -3,6 +3,8 @@
 // dense layers below `first_k_dense_replace`, then sparse blocks with the DeepSeek-style router
 // (sigmoid scores, e_score_correction_bias steering the choice, groups, routed_scaling_factor) and
 // `n_shared_experts` shared experts added ungated.
+#include <fmt/format.h>
+
 #include "torchpatch/error.h"
 #include "torchpatch/models/decoder_family.h"
 #include "torchpatch/nn/rms_norm.h"
@@ -73,6 +75,111 @@ class Glm4MoeForCausalLM : public DecoderForCausalLM {
   explicit Glm4MoeForCausalLM(const BuildContext& ctx) : DecoderForCausalLM(ctx, spec()) {}
 };
 
+// llama.cpp's gating function numbers (LLAMA_EXPERT_GATING_FUNC_TYPE_*): GLM-4.5's router is sigmoid.
+constexpr int64_t kSigmoidGating = 2;
+
+// A "glm4moe" file as llama.cpp's converter writes it. block_count counts the next-token (MTP) layers
+// (nextn_predict_layers) after the model's own, which llama.cpp's main graph does not run and the hub
+// model does not have: num_hidden_layers leaves them out.
+nlohmann::json gguf_config(const GgufMetadata& m) {
+  auto c = gguf_decoder_config(m, "glm4_moe", "Glm4MoeForCausalLM");
+  const auto nextn = m.integer_or("nextn_predict_layers").value_or(0);
+  const auto layers = c["num_hidden_layers"].get<int64_t>() - nextn;
+  if (nextn < 0 || layers <= 0) {
+    m.fail(m.full("nextn_predict_layers"), fmt::format("{} of block_count {} leaves no layer of the model", nextn,
+                                                       c["num_hidden_layers"].get<int64_t>()));
+  }
+  c["num_hidden_layers"] = layers;
+  c["num_nextn_predict_layers"] = nextn;
+  const auto head_dim = m.integer_or("attention.key_length")
+                            .value_or(c["hidden_size"].get<int64_t>() / c["num_attention_heads"].get<int64_t>());
+  c["head_dim"] = head_dim;  // always: Glm4MoeConfig's default is 128, not hidden / heads
+  const auto rotary = m.integer_or("rope.dimension_count").value_or(head_dim);
+  c["partial_rotary_factor"] = static_cast<double>(rotary) / static_cast<double>(head_dim);
+  if (const auto gating = m.integer_or("expert_gating_func"); gating && *gating != kSigmoidGating) {
+    m.fail(m.full("expert_gating_func"), fmt::format("{}, where GLM-4.5's router is sigmoid ({})", *gating, kSigmoidGating));
+  }
+  c["n_routed_experts"] = m.integer("expert_count");
+  c["num_experts_per_tok"] = m.integer("expert_used_count");
+  c["moe_intermediate_size"] = m.integer("expert_feed_forward_length");
+  c["n_shared_experts"] = m.integer("expert_shared_count");
+  c["first_k_dense_replace"] = m.integer_or("leading_dense_block_count").value_or(0);
+  c["routed_scaling_factor"] = m.number_or("expert_weights_scale").value_or(1.0);
+  c["norm_topk_prob"] = m.boolean_or("expert_weights_norm").value_or(false);  // llama.cpp's default
+  c["n_group"] = m.integer_or("expert_group_count").value_or(1);
+  c["topk_group"] = m.integer_or("expert_group_used_count").value_or(1);
+  // No keys say these: the tensors do, as llama.cpp loads them where present.
+  c["attention_bias"] = m.file().find("blk.0.attn_q.bias") != nullptr;
+  c["use_qk_norm"] = m.file().find("blk.0.attn_q_norm.weight") != nullptr;
+  return c;
+}
+
+// The inverse, as the converter writes it: the MoE keys, the rotary part of each head, and the MTP
+// layers counted in block_count (the hub model has none of their tensors; neither has the file then).
+std::vector<std::pair<std::string, checkpoint::GgufValue>> gguf_metadata(const nlohmann::json& c,
+                                                                        const ModelConfig& config) {
+  using checkpoint::GgufValue;
+  const std::string source = "glm4_moe as GGUF architecture 'glm4moe'";
+  const auto& moe = config.decoder.moe;
+  if (moe.decoder_sparse_step != 1 || !moe.mlp_only_layers.empty()) {
+    throw ConfigError(fmt::format("{}: dense layers among the sparse ones (decoder_sparse_step {}, mlp_only_layers of "
+                                  "{}); llama.cpp's 'glm4moe' has dense layers only before the first sparse one "
+                                  "(first_k_dense_replace)",
+                                  source, moe.decoder_sparse_step, moe.mlp_only_layers.size()));
+  }
+  if (moe.moe_intermediate_size <= 0 || moe.shared_expert_intermediate_size % moe.moe_intermediate_size != 0) {
+    throw ConfigError(fmt::format("{}: shared experts {} wide are not whole experts of moe_intermediate_size {}",
+                                  source, moe.shared_expert_intermediate_size, moe.moe_intermediate_size));
+  }
+  const auto nextn_field = c.value("num_nextn_predict_layers", nlohmann::json(0));
+  const auto nextn = nextn_field.is_number_integer() ? nextn_field.get<int64_t>() : 0;
+  const auto head_dim = c.at("head_dim").get<int64_t>();
+  const auto rotary = static_cast<int64_t>(head_dim * config.decoder.rope.partial_rotary_factor);
+  auto m = gguf_decoder_metadata("glm4moe", c);
+  for (auto& [key, value] : m) {
+    if (key == "glm4moe.block_count") value = GgufValue::of(static_cast<uint32_t>(config.decoder.num_hidden_layers + nextn));
+    if (key == "glm4moe.rope.dimension_count") value = GgufValue::of(static_cast<uint32_t>(rotary));
+  }
+  const auto u32 = [](int64_t v) { return GgufValue::of(static_cast<uint32_t>(v)); };
+  m.emplace_back("glm4moe.expert_count", u32(moe.num_experts));
+  m.emplace_back("glm4moe.expert_used_count", u32(moe.num_experts_per_tok));
+  m.emplace_back("glm4moe.expert_group_count", u32(moe.n_group));
+  m.emplace_back("glm4moe.expert_group_used_count", u32(moe.topk_group));
+  m.emplace_back("glm4moe.expert_feed_forward_length", u32(moe.moe_intermediate_size));
+  m.emplace_back("glm4moe.expert_shared_count", u32(moe.shared_expert_intermediate_size / moe.moe_intermediate_size));
+  m.emplace_back("glm4moe.leading_dense_block_count", u32(moe.first_k_dense_replace));
+  m.emplace_back("glm4moe.expert_gating_func", u32(kSigmoidGating));
+  m.emplace_back("glm4moe.expert_weights_scale", GgufValue::of(static_cast<float>(moe.routed_scaling_factor)));
+  m.emplace_back("glm4moe.expert_weights_norm", GgufValue::of(moe.norm_topk_prob));
+  if (nextn > 0) m.emplace_back("glm4moe.nextn_predict_layers", u32(nextn));
+  return m;
+}
+
+// The usual names unpermuted (GLM's RoPE rotates halves, as llama.cpp's NeoX RoPE), the norm before
+// the MLP named post_attention_norm, the experts stacked, the router's bias (exp_probs_b) and the
+// shared experts (ffn_*_shexp, one MLP as wide as all of them).
+GgufArchitecture gguf_architecture(const std::function<ModelConfig(const nlohmann::json&, const std::string&)>& parse) {
+  constexpr bool kProjection = true;
+  GgufArchitecture a;
+  a.names = {"glm4moe"};
+  a.config = gguf_config;
+  a.tensors = gguf_decoder_tensor_names(/*permuted_qk=*/false);
+  for (auto& n : a.tensors) {
+    if (n.gguf == "blk.{}.ffn_norm.weight") n.gguf = "blk.{}.post_attention_norm.weight";
+  }
+  for (auto& n : gguf_expert_tensor_names()) a.tensors.push_back(std::move(n));
+  a.tensors.push_back({"blk.{}.exp_probs_b.bias", "model.layers.{}.mlp.gate.e_score_correction_bias"});
+  for (const auto& [gguf, hub] : {std::pair{"gate", "gate_proj"}, std::pair{"up", "up_proj"}, std::pair{"down", "down_proj"}}) {
+    a.tensors.push_back({fmt::format("blk.{{}}.ffn_{}_shexp.weight", gguf),
+                         fmt::format("model.layers.{{}}.mlp.shared_experts.{}.weight", hub), GgufTensorTransform::kNone,
+                         kProjection});
+  }
+  a.metadata = [parse](const nlohmann::json& c) {
+    return gguf_metadata(c, parse(c, "glm4_moe as GGUF architecture 'glm4moe'"));
+  };
+  return a;
+}
+
 }  // namespace
 
 Family family() {
@@ -112,6 +219,7 @@ Family family() {
                {"first_k_dense_replace", 1}, {"partial_rotary_factor", 0.5}, {"use_qk_norm", true},
                {"attention_bias", true}, {"routed_scaling_factor", 2.5}});
   family.presets = {{"tiny-glm4-moe", tiny}};
+  family.gguf = gguf_architecture(family.parse_config);
   return family;
 }
 

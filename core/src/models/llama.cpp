@@ -44,12 +44,13 @@ Family family() {
   };
   // llama.cpp's Llama converter permutes q and k rows for its interleaved RoPE; its Qwen ones do not.
   family.gguf = gguf_decoder_architecture("llama", "llama", "LlamaForCausalLM", /*permuted_qk=*/true);
-  // llama.cpp's converter writes Mixtral as "llama" with experts: refused, not read as a dense Llama
-  // without its MLPs.
+  // llama.cpp's converter writes Mixtral as "llama" with experts: those files are Mixtral's (mixtral.cpp),
+  // and a dense Llama never reads one without its MLPs.
+  family.gguf->accepts = [](const GgufMetadata& m) { return m.integer_or("expert_count").value_or(0) == 0; };
   family.gguf->config = [dense = family.gguf->config](const GgufMetadata& m) {
     if (const auto experts = m.integer_or("expert_count"); experts && *experts > 0) {
-      m.fail(m.full("expert_count"), fmt::format("{}: a mixture of experts (Mixtral, which llama.cpp's converter "
-                                                 "writes as 'llama'); torchpatch reads dense Llama files only",
+      m.fail(m.full("expert_count"), fmt::format("{}: a mixture of experts, which the mixtral family reads (llama.cpp's "
+                                                 "converter writes Mixtral as 'llama'), not the dense llama family",
                                                  *experts));
     }
     return dense(m);

@@ -282,6 +282,14 @@ TP_AVX2 TP_ALWAYS_INLINE __m256 madd8_avx2(__m128i q, __m256 a, __m256 b, const 
   return _mm256_fmadd_ps(w, _mm256_loadu_ps(x), acc);
 }
 
+// The sum of four accumulators' lanes.
+TP_AVX2 TP_ALWAYS_INLINE float sum4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  const __m256 acc = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
 // The 32-weight formats in registers only: per block its scales, 32 quants as two 16-byte halves
 // (the fifth bits merged in), each half as two products of 8.
 template <QuantFormat F>
@@ -307,35 +315,33 @@ TP_AVX2 float fused_dot32_avx2(const Problem& p, int64_t o, const float* __restr
     acc2 = madd8_avx2(high, a, b, x + 16, acc2);
     acc3 = madd8_avx2(_mm_srli_si128(high, 8), a, b, x + 24, acc3);
   }
-  const __m256 acc = _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+  return sum4_avx2(acc0, acc1, acc2, acc3);
 }
 
+// The K-quants: per block of 256 its bytes and scales in cache, then each group of 16 as two
+// products of 8 (pairs of groups on four chains of multiply-adds).
 template <QuantFormat F>
 TP_AVX2 float fused_dot_avx2(const Problem& p, int64_t o, const float* __restrict x) {
   if constexpr (block_is_32<F>()) return fused_dot32_avx2<F>(p, o, x);
   alignas(32) uint8_t q[256];
   float a[16], b[16];
   const uint8_t* row = p.w + o * p.row_bytes;
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
   for (int64_t k = 0; k < p.blocks; ++k, x += p.weights) {
     scales<F>(row + k * p.bytes, a, b);
     bytes_avx2<F>(row + k * p.bytes, q);
-    for (int64_t g = 0; g < p.weights / kGroup; ++g) {
-      const __m256 ag = _mm256_set1_ps(a[g]), bg = _mm256_set1_ps(b[g]);
-      const __m128i q16 = _mm_load_si128(reinterpret_cast<const __m128i*>(q + g * kGroup));
-      const __m256 w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q16)), ag, bg);
-      const __m256 w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q16, 8))), ag, bg);
-      acc0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + g * kGroup), acc0);
-      acc1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + g * kGroup + 8), acc1);
+    for (int64_t g = 0; g < p.weights / kGroup; g += 2) {
+      const __m128i even = _mm_load_si128(reinterpret_cast<const __m128i*>(q + g * kGroup));
+      const __m128i odd = _mm_load_si128(reinterpret_cast<const __m128i*>(q + (g + 1) * kGroup));
+      const __m256 a0 = _mm256_set1_ps(a[g]), b0 = _mm256_set1_ps(b[g]);
+      const __m256 a1 = _mm256_set1_ps(a[g + 1]), b1 = _mm256_set1_ps(b[g + 1]);
+      acc0 = madd8_avx2(even, a0, b0, x + g * kGroup, acc0);
+      acc1 = madd8_avx2(_mm_srli_si128(even, 8), a0, b0, x + g * kGroup + 8, acc1);
+      acc2 = madd8_avx2(odd, a1, b1, x + (g + 1) * kGroup, acc2);
+      acc3 = madd8_avx2(_mm_srli_si128(odd, 8), a1, b1, x + (g + 1) * kGroup + 8, acc3);
     }
   }
-  const __m256 acc = _mm256_add_ps(acc0, acc1);
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+  return sum4_avx2(acc0, acc1, acc2, acc3);
 }
 
 // -- dot products of a dequantized row with a token ----------------------------------------------------

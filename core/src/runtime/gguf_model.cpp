@@ -226,7 +226,7 @@ GgufModel read_gguf_model(const fs::path& path, const FamilyRegistry& families, 
   GgufModel model;
   model.file = GgufFile::open(path);
   const GgufMetadata metadata(*model.file);
-  const auto family = families.find_gguf(metadata.architecture());
+  const auto family = families.find_gguf(metadata);
   if (!family) {
     const auto known = families.gguf_architectures();
     throw ConfigError(fmt::format("{}: general.architecture '{}' is not one torchpatch reads from GGUF files (it "

@@ -9,7 +9,8 @@ temporary directory, adds a byte-level BPE tokenizer of 256 tokens (the converte
 own transforms: q/k rows permuted for Llama-like families, Gemma's RMSNorm weights stored as 1 + w,
 each MoE layer's experts stacked in one tensor per projection).
 The converter refuses a tokenizer whose pre-tokenizer it does not know by hash; this script makes it
-take such a tokenizer as "default" (llama.cpp's GPT-2 split), which changes nothing in the weights.
+take such a tokenizer as "default" (llama.cpp's GPT-2 split), and reads GLM's as GPT-2's (GLM's
+reader wants GLM's own special tokens), which changes nothing in the weights.
 
 The converter is llama.cpp commit 0c1e57098bba (ggml 0.25.3), the one llama-cpp-python 0.3.36's sdist
 vendors and scripts/build-llama-cpp.sh unpacks into build/_deps/llama.cpp/src (set LLAMA_CPP_SRC to
@@ -18,7 +19,7 @@ sentencepiece, tokenizers and transformers installed (the converter imports them
 taken from the converter's own gguf-py):
 
     scripts/build-llama-cpp.sh          # once, for the converter's source
-    python tests/data/gguf/make_converted_gguf.py
+    python tests/data/gguf/make_converted_gguf.py [CASE ...]   # every case of the manifest, or those named
 """
 import json
 import os
@@ -61,6 +62,9 @@ def convert(model_dir: Path, outfile: Path, name: str) -> None:
 
     # An unknown pre-tokenizer hash is refused; this test vocabulary splits as GPT-2 does.
     conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "default"
+    # GLM's vocabulary reader takes its bos and eot from GLM's own special tokens ([gMASK], <|user|>),
+    # which this vocabulary lacks; its GPT-2 reader writes the same token list without them.
+    conversion.base.TextModel._set_vocab_glm = conversion.base.TextModel._set_vocab_gpt2
     argv = sys.argv
     sys.argv = ["convert_hf_to_gguf.py", str(model_dir), "--outtype", "f32", "--outfile", str(outfile),
                 "--model-name", name]
@@ -75,7 +79,10 @@ def main() -> None:
         sys.exit(f"{LLAMA_CPP}/convert_hf_to_gguf.py not found: run scripts/build-llama-cpp.sh (it unpacks "
                  "llama.cpp's source there) or set LLAMA_CPP_SRC to a llama.cpp source tree")
     manifest = json.loads((OUT / "manifest.json").read_text())
+    wanted = set(sys.argv[1:])
     for case in manifest["cases"]:
+        if wanted and case["case"] not in wanted:
+            continue
         source = DATA / case["reference"]
         with tempfile.TemporaryDirectory() as tmp:
             model_dir = Path(tmp)

@@ -134,8 +134,9 @@ class TORCHPATCH_API FamilyRegistry {
   std::vector<std::shared_ptr<const Family>> all() const;
   /// Their model types ("llama", ...).
   std::vector<std::string> model_types() const;
-  /// The family that reads GGUF files of `general.architecture` `arch`, or nullptr.
-  std::shared_ptr<const Family> find_gguf(const std::string& arch) const;
+  /// The family that reads the GGUF file of `metadata`: one naming its general.architecture whose
+  /// GgufArchitecture::accepts takes the file (a "llama" file with experts is Mixtral's), or nullptr.
+  std::shared_ptr<const Family> find_gguf(const GgufMetadata& metadata) const;
   /// The general.architecture values families read ("llama", ...).
   std::vector<std::string> gguf_architectures() const;
 

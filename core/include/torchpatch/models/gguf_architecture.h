@@ -83,6 +83,10 @@ struct TORCHPATCH_API GgufTensorName {
 struct TORCHPATCH_API GgufArchitecture {
   /// The general.architecture values the family reads (llama.cpp writes Mistral's as "llama").
   std::vector<std::string> names;
+  /// Whether the family reads this file of one of `names`; empty: every one. Where two families answer
+  /// to one architecture (llama.cpp's converter writes Llama and Mixtral both as "llama"), the file's
+  /// metadata says which (FamilyRegistry::find_gguf takes the family that accepts it).
+  std::function<bool(const GgufMetadata&)> accepts;
   /// config.json from the metadata (gguf_decoder_config reads the keys every decoder has).
   std::function<nlohmann::json(const GgufMetadata&)> config;
   /// Tensor names, llama.cpp's to Hugging Face's (gguf_decoder_tensor_names for the usual ones).
