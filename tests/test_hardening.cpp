@@ -614,6 +614,9 @@ TEST_CASE("non-finite weights are a warning naming the tensor, an error with --s
   r = torchpatch_cli("generate --model " + dir.path.string() + " --prompt-ids 1,2 --do-sample --seed 1");
   CHECK(r.code == 1);
   CHECK_THAT(r.out, Contains("cannot choose token 1: the model's logits hold NaN"));
+  r = torchpatch_cli("generate --model " + dir.path.string() + " --prompt-ids 1,2");  // greedy
+  CHECK(r.code == 1);
+  CHECK_THAT(r.out, Contains("cannot choose token 1: the model's logits hold NaN"));
 }
 
 TEST_CASE("thousands of stray tensors give a bounded report with escaped names", "[hardening][load]") {

@@ -12,6 +12,7 @@
 #include <ATen/Parallel.h>
 
 #include "torchpatch/error.h"
+#include "torchpatch/nn/linear.h"
 #include "torchpatch/nn/quant.h"
 
 using Catch::Matchers::Contains;
@@ -225,14 +226,14 @@ TEST_CASE("a quantized product reports operands that do not fit", "[quant][kerne
 
 namespace {
 
-// Random blocks of a GGUF-only format: random bytes with every fp16 scale set to a small finite value.
+// Random blocks of a GGUF format: random bytes with every fp16 scale set to a small finite value.
 at::Tensor random_blocks(QuantFormat format, int64_t rows, int64_t in) {
   const int64_t bytes = torchpatch::nn::block_bytes(format), blocks = in / torchpatch::nn::block_weights(format);
   auto t = at::randint(0, 256, {rows, blocks, bytes}, at::kByte);
   std::vector<int64_t> scales;  // byte offsets of the fp16 fields in a block
   switch (format) {
     case QuantFormat::kQ4_1: case QuantFormat::kQ5_1: case QuantFormat::kQ4_K: case QuantFormat::kQ5_K: scales = {0, 2}; break;
-    case QuantFormat::kQ5_0: scales = {0}; break;
+    case QuantFormat::kQ5_0: case QuantFormat::kQ8_0: case QuantFormat::kQ4_0: scales = {0}; break;
     case QuantFormat::kQ2_K: scales = {80, 82}; break;
     case QuantFormat::kQ3_K: scales = {108}; break;
     case QuantFormat::kQ6_K: scales = {208}; break;
@@ -283,4 +284,42 @@ TEST_CASE("products with GGUF's other block formats equal the float product of t
                     Contains("q4_k blocks are read from GGUF files, not written"));
   CHECK_THROWS_WITH(torchpatch::nn::quant_linear(QuantFormat::kQ6_K, at::randn({1, 200}), random_blocks(QuantFormat::kQ6_K, 2, 256), 2),
                     Contains("a multiple of 256"));
+}
+
+TEST_CASE("a Linear whose weight was dequantized from blocks decodes from them, and stops when the weight changes",
+          "[quant][kernels][gguf]") {
+  at::manual_seed(22);
+  at::NoGradGuard no_grad;
+  for (const auto format : {QuantFormat::kQ8_0, QuantFormat::kQ4_0, QuantFormat::kQ4_1, QuantFormat::kQ6_K}) {
+    const int64_t in = 3 * torchpatch::nn::block_weights(format), rows = 37;
+    const auto blocks = random_blocks(format, rows, in);
+    torchpatch::nn::Linear linear(in, rows, /*bias=*/true);
+    linear.weight.copy_(torchpatch::nn::dequantize(format, blocks, "w"));
+    REQUIRE(linear.decode_from_blocks(format, blocks));
+    CHECK(linear.decode_blocks().data_ptr() == blocks.data_ptr());
+    const auto expected_for = [&](const at::Tensor& x) {
+      return at::matmul(x.to(at::kDouble), linear.weight.to(at::kDouble).t()) + linear.bias.to(at::kDouble);
+    };
+    for (const int64_t tokens : {1, 2, 15, 16}) {  // 16 rows and more read the float weight
+      const auto x = at::randn({tokens, in});
+      const auto bound = 1e-5 * at::matmul(x.abs().to(at::kDouble), linear.weight.abs().to(at::kDouble).t()) + 1e-6;
+      for (const auto kernel : {QuantKernel::kScalar, QuantKernel::kAvx2, QuantKernel::kAvx512}) {
+        if (!torchpatch::nn::quant_kernel_available(kernel)) continue;
+        KernelChoice choice(kernel);
+        const auto y = linear.forward(x).to(at::kDouble);
+        INFO(torchpatch::nn::format_name(format) << " tokens " << tokens << " kernel " << static_cast<int>(kernel)
+                                                 << " max difference " << (y - expected_for(x)).abs().max().item<double>());
+        CHECK(((y - expected_for(x)).abs() - bound).max().item<double>() <= 0);
+      }
+    }
+    // Changed in place: the blocks no longer hold the weight, and products read the weight again.
+    linear.weight.mul_(2);
+    CHECK_FALSE(linear.decode_blocks().defined());
+    const auto x = at::randn({1, in});
+    const auto bound = 1e-5 * at::matmul(x.abs().to(at::kDouble), linear.weight.abs().to(at::kDouble).t()) + 1e-6;
+    CHECK(((linear.forward(x).to(at::kDouble) - expected_for(x)).abs() - bound).max().item<double>() <= 0);
+    // Blocks that do not hold the weight are declined.
+    CHECK_FALSE(linear.decode_from_blocks(format, blocks));
+    CHECK_FALSE(linear.decode_from_blocks(format, blocks.narrow(0, 0, rows - 1)));
+  }
 }

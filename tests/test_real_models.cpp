@@ -12,6 +12,7 @@
 #include "torchpatch/generation/generate.h"
 #include "torchpatch/models/pretrained.h"
 #include "torchpatch/models/sentence_pooling.h"
+#include "torchpatch/nn/linear.h"
 #include "torchpatch/runtime/auto.h"
 #include "torchpatch/runtime/gguf_model.h"
 #include "torchpatch/text/tokenizer.h"
@@ -169,6 +170,10 @@ TEST_CASE("SmolLM2 GGUF, on its Q4_1 blocks and dequantized: logits within 1e-3 
     const std::string mode = dequantize ? "SmolLM2 dequantized " : "SmolLM2 Q4_1 blocks ";
     INFO(mode);
     REQUIRE(model->class_name() == "LlamaForCausalLM");
+    // The tied output layer decodes from the file's Q8_0 token embeddings, unless told to compute in float.
+    const auto* lm_head = dynamic_cast<const torchpatch::nn::Linear*>(model->named_modules()["lm_head"].get());
+    REQUIRE(lm_head != nullptr);
+    CHECK(lm_head->decode_blocks().defined() == !dequantize);
     at::NoGradGuard no_grad;
     ModelInputs in;
     in.input_ids = m.get("prompt0.input_ids").unsqueeze(0);

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <iostream>
+#include <map>
 #include <set>
 
 #include <ATen/ATen.h>
@@ -108,14 +109,26 @@ double active_share(const PretrainedModel& model, const std::string& name) {
 }
 
 // Bytes a decode step reads: every parameter except the embedding table (one row per token), which
-// still counts when the language-model head shares it; of routed experts, only the chosen ones.
+// still counts when the language-model head shares it (as the blocks it decodes from, if any); of
+// routed experts, only the chosen ones.
 double weight_bytes_per_token(const PretrainedModel& model) {
+  std::map<const void*, double> read_as_blocks;  // weights whose few-row products read blocks instead
+  for (const auto& m : model.named_modules()) {
+    const auto* linear = dynamic_cast<const nn::Linear*>(m.value().get());
+    if (linear == nullptr) continue;
+    if (const auto blocks = linear->decode_blocks(); blocks.defined()) {
+      read_as_blocks[linear->weight.data_ptr()] = static_cast<double>(blocks.nbytes());
+    }
+  }
   std::set<const void*> seen;
   double bytes = 0;
   for (const auto& p : model.named_parameters()) {
     if (p.key().find("embed_tokens") != std::string::npos) continue;
     if (!seen.insert(p.value().data_ptr()).second) continue;
-    bytes += static_cast<double>(p.value().numel() * p.value().element_size()) * active_share(model, p.key());
+    const auto blocks = read_as_blocks.find(p.value().data_ptr());
+    const double size = blocks != read_as_blocks.end() ? blocks->second
+                                                       : static_cast<double>(p.value().numel() * p.value().element_size());
+    bytes += size * active_share(model, p.key());
   }
   return bytes;
 }

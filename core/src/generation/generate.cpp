@@ -219,13 +219,14 @@ GenerationOutput generate(PretrainedModel& model, const at::Tensor& input_ids, c
     auto logits = result.logits.select(1, result.logits.size(1) - 1);  // [B, V]
     if (config.output_logits) out.logits.push_back(logits.to(at::kFloat).clone());
     if (!config.outputs.empty()) out.captured.push_back(result.captured);
-    if (at::isnan(logits).any().item<bool>()) {  // argmax and multinomial would pick something anyway
+    const auto refuse_nan = [&] {  // argmax and multinomial would pick something anyway
       throw InputError(fmt::format("cannot choose token {}: the model's logits hold NaN (the weights or the "
                                    "inputs hold values that are not finite)",
                                    step + 1));
-    }
+    };
     at::Tensor next;
     if (config.do_sample) {
+      if (at::isnan(logits).any().item<bool>()) refuse_nan();
       const auto probabilities = process_logits(logits, config).softmax(-1);
       if (!at::isfinite(probabilities).all().item<bool>()) {
         throw InputError(fmt::format("cannot sample token {}: the model's logits hold infinity, so the "
@@ -235,7 +236,11 @@ GenerationOutput generate(PretrainedModel& model, const at::Tensor& input_ids, c
       // Drawn on the host, from the seeded generator: the same tokens on every device.
       next = at::multinomial(probabilities.cpu(), 1, false, generator).squeeze(1).to(on.device());
     } else {
+      // argmax picks a NaN where a row holds one, so the picked logits tell: a check over the whole
+      // vocabulary would start LibTorch's thread pool every token, whose spinning workers then take
+      // the cores from the decode kernels' threads.
       next = logits.argmax(-1);
+      if (logits.gather(-1, next.unsqueeze(-1)).isnan().any().item<bool>()) refuse_nan();
     }
     if (config.agree_tokens) {
       next = next.contiguous();

@@ -141,10 +141,6 @@ ModelOutput DecoderModel::forward_impl(const ModelInputs& in) {
   return out;
 }
 
-TiedLmHead::TiedLmHead(const at::Tensor& tied_weight) { weight = register_parameter("weight", tied_weight); }
-
-at::Tensor TiedLmHead::forward(const at::Tensor& hidden) { return nn::linear(hidden, weight); }
-
 DecoderForCausalLM::DecoderForCausalLM(const BuildContext& ctx, const DecoderSpec& spec)
     : PretrainedModel(model_config(ctx), spec.causal_lm) {
   const auto& d = config().decoder;

@@ -6,6 +6,7 @@
 
 #include "nn/gemm.h"
 #include "nn/gemv.h"
+#include "nn/quant_ggml.h"
 #include "torchpatch/patching/build.h"
 
 namespace torchpatch::nn {
@@ -39,6 +40,8 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias) {
   weight = register_parameter("weight", new_parameter({out_features, in_features}, false));
   if (with_bias) bias = register_parameter("bias", new_parameter({out_features}, true));
 }
+
+Linear::Linear(const at::Tensor& shared_weight) { weight = register_parameter("weight", shared_weight); }
 
 namespace {
 std::atomic<DecodeKernel> chosen_decode_kernel{DecodeKernel::kAuto};
@@ -89,7 +92,45 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   return y.view(out_shape);
 }
 
-at::Tensor Linear::forward(const at::Tensor& x) { return linear(x, weight, bias); }
+bool Linear::decode_from_blocks(QuantFormat format, const at::Tensor& blocks) {
+  decode_blocks_.reset();
+  if (!weight.defined() || weight.dim() != 2 || !weight.is_cpu() || weight.scalar_type() != at::kFloat ||
+      !weight.is_contiguous() || weight.is_inference() || !blocks.defined() || !blocks.is_cpu() ||
+      blocks.scalar_type() != at::kByte || !blocks.is_contiguous() || blocks.dim() != 2 ||
+      blocks.size(0) != weight.size(0) || weight.size(1) % block_weights(format) != 0 ||
+      blocks.size(1) != weight.size(1) / block_weights(format) * block_bytes(format)) {
+    return false;
+  }
+  auto values = at::empty_like(weight);
+  dequantize_ggml(ggml_type(format), blocks.data_ptr<uint8_t>(), values.numel(), values.data_ptr<float>());
+  if (!at::equal(values, weight)) return false;
+  decode_blocks_ = DecodeBlocks{format, blocks, weight.data_ptr(), weight._version()};
+  return true;
+}
+
+at::Tensor Linear::decode_blocks() const {
+  const bool current = decode_blocks_ && weight.data_ptr() == decode_blocks_->weight_data &&
+                       weight._version() == decode_blocks_->weight_version;
+  return current ? decode_blocks_->blocks : at::Tensor();
+}
+
+at::Tensor Linear::forward(const at::Tensor& x) {
+  const int64_t in = weight.size(1);
+  const int64_t rows = x.dim() >= 1 && x.size(-1) == in ? x.numel() / in : 0;
+  const bool needs_grad = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
+  if (rows < 1 || rows > 15 || x.scalar_type() != at::kFloat || !x.is_cpu() || needs_grad || !decode_blocks().defined()) {
+    return linear(x, weight, bias);
+  }
+  const auto input = x.contiguous();
+  auto out_shape = x.sizes().vec();
+  out_shape.back() = weight.size(0);
+  auto y = at::empty(out_shape, x.options());
+  const at::Tensor b = bias.defined() ? bias.to(at::kFloat).contiguous() : at::Tensor();
+  ggml::linear(decode_blocks_->format, ggml::resolved_quant_kernel(), input.data_ptr<float>(), rows, in,
+               decode_blocks_->blocks.data_ptr<uint8_t>(), weight.size(0), b.defined() ? b.data_ptr<float>() : nullptr,
+               y.data_ptr<float>());
+  return y;
+}
 
 std::shared_ptr<roles::Linear> make_linear(const std::string& name, int64_t in_features, int64_t out_features,
                                            bool bias) {

@@ -1,12 +1,14 @@
-// Internal: products with the GGUF block formats that torchpatch reads but does not write (Q4_1, Q5_0,
-// Q5_1, Q2_K .. Q6_K; nn/quant.h), for quant_linear.
+// Internal: products of float32 activations with weights held as GGUF blocks, the activations as
+// they are (not quantized): every format quant_linear reads from GGUF files only (Q4_1, Q5_0, Q5_1,
+// Q2_K .. Q6_K; nn/quant.h), and Q8_0 and Q4_0 where blocks stand in for a float weight
+// (Linear::decode_from_blocks; quant_linear has kernels of its own for them that quantize the
+// activations, as llama.cpp does).
 //
-// Every one of them stores a weight as w = a * q + b, with q a small unsigned integer (2 to 6 bits)
-// and a, b shared by 16 or 32 consecutive weights (Q4_1: d and m; Q6_K: d * scale and -32 d * scale;
-// ...). So one kernel serves them all: each weight row is unpacked into bytes q and a and b per 16
-// weights, dequantized in cache and multiplied with the activations as they are (float32): the
-// result is the product with the dequantized weights, within float rounding. (Q8_0 and Q4_0 have
-// kernels of their own that quantize the activations, as llama.cpp does.)
+// Every one of them stores a weight as w = a * q + b, with q a small unsigned integer (2 to 8 bits;
+// Q8_0's int8 read as q + 128) and a, b shared by 16 or 32 consecutive weights (Q4_1: d and m; Q6_K:
+// d * scale and -32 d * scale; ...). So one kernel serves them all: each weight row is unpacked into
+// bytes q and a and b per 16 weights, dequantized in cache and multiplied with the activations: the
+// result is the product with the dequantized weights, within float rounding.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +16,10 @@
 #include "torchpatch/nn/quant.h"
 
 namespace torchpatch::nn::ggml {
+
+/// The kernel quant_linear runs now (set_quant_kernel's choice resolved for this CPU: kScalar, kAvx2
+/// or kAvx512).
+QuantKernel resolved_quant_kernel();
 
 /// y[t * out_features + o] = x[t] . W[o] + bias[o] for `tokens` rows of x [in] and W's GGUF rows of
 /// `format` blocks, with `kernel` (resolved: kScalar, kAvx2 or kAvx512). Output rows are split across

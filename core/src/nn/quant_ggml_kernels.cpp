@@ -1,7 +1,8 @@
-// Products with Q4_1, Q5_0, Q5_1 and the K-quants Q2_K .. Q6_K (nn/quant_ggml.h): each weight row
-// unpacked once into bytes q (natural order) and a, b per 16 weights, dequantized to float in cache,
-// then dotted with every token's float activations. A few tokens (decoding) go row by row; a prompt's
-// many tokens take tiles of rows dequantized once and multiplied by LibTorch's matrix product.
+// Products of float activations with GGUF blocks (nn/quant_ggml.h): each weight row unpacked once
+// into bytes q (natural order) and a, b per 16 weights, dequantized to float in cache, then dotted with
+// every token's float activations. One token (decoding) of a 32-weight format is multiplied in
+// registers without a copy; a few tokens go row by row; a prompt's many tokens take tiles of rows
+// dequantized once and multiplied by LibTorch's matrix product.
 //
 // Unpacking has a plain C++ form (the scalar kernel) and one with AVX2's byte operations (AVX2 and
 // AVX-512: 32 weights per instruction, then 8 converted to float and scaled per multiply-add); the
@@ -53,18 +54,33 @@ uint32_t word(const uint8_t* p) {
 // `scales` reads a and b; `bytes` the quants in natural order, once in plain C++ and once with AVX2's
 // byte operations (32 weights per instruction; the AVX-512 kernel uses them too).
 
-// Q4_1 [d][m][16: q[j] | q[j+16] << 4]: w = d q + m. Q5_0 / Q5_1 add a fifth bit, bit j of a 32-bit
-// word (Q5_0: [d][qh][16], w = d (q - 16); Q5_1: [d][m][qh][16], w = d q + m).
+// Q4_0 [d][16: q[j] | q[j+16] << 4]: w = d (q - 8); Q4_1 [d][m][16]: w = d q + m. Q5_0 / Q5_1 add a
+// fifth bit, bit j of a 32-bit word (Q5_0: [d][qh][16], w = d (q - 16); Q5_1: [d][m][qh][16], w = d q + m).
+// Q8_0 [d][32 int8]: w = d q, read as q + 128 (w = d (q + 128) - 128 d, exact with one rounding).
 template <QuantFormat F>
 struct Layout32 {
-  static constexpr bool kFive = F != QuantFormat::kQ4_1, kOffset = F == QuantFormat::kQ5_0;
-  static constexpr int kQs = F == QuantFormat::kQ4_1 ? 4 : F == QuantFormat::kQ5_0 ? 6 : 8;
-  static constexpr int kQh = kOffset ? 2 : 4;
+  static constexpr bool kFive = F == QuantFormat::kQ5_0 || F == QuantFormat::kQ5_1;
+  static constexpr float kOffset = F == QuantFormat::kQ4_0   ? -8.0f
+                                   : F == QuantFormat::kQ5_0 ? -16.0f
+                                   : F == QuantFormat::kQ8_0 ? -128.0f
+                                                             : 0.0f;  // 0: m is stored
+  static constexpr int kQs = F == QuantFormat::kQ4_0 || F == QuantFormat::kQ8_0 ? 2
+                             : F == QuantFormat::kQ4_1                         ? 4
+                             : F == QuantFormat::kQ5_0                         ? 6
+                                                                               : 8;
+  static constexpr int kQh = F == QuantFormat::kQ5_0 ? 2 : 4;
 };
 
 template <QuantFormat F>
 constexpr bool block_is_32() {
-  return F == QuantFormat::kQ4_1 || F == QuantFormat::kQ5_0 || F == QuantFormat::kQ5_1;
+  return F == QuantFormat::kQ4_0 || F == QuantFormat::kQ4_1 || F == QuantFormat::kQ5_0 || F == QuantFormat::kQ5_1 ||
+         F == QuantFormat::kQ8_0;
+}
+
+// b of a 32-weight block whose scale is d.
+template <QuantFormat F>
+TP_ALWAYS_INLINE float offset32(const uint8_t* blk, float d) {
+  return Layout32<F>::kOffset != 0.0f ? Layout32<F>::kOffset * d : half(blk + 2);
 }
 
 // Q2_K [16 scales: d-nibble | m-nibble << 4][64: 2-bit quants][d][dmin]: weight 128 h + 32 s + l is
@@ -111,7 +127,7 @@ TP_ALWAYS_INLINE void scales(const uint8_t* __restrict blk, float* __restrict a,
   } else {
     const float d = half(blk);
     a[0] = a[1] = d;
-    b[0] = b[1] = Layout32<F>::kOffset ? -16.0f * d : half(blk + 2);
+    b[0] = b[1] = offset32<F>(blk, d);
   }
 }
 
@@ -150,6 +166,8 @@ TP_ALWAYS_INLINE void bytes(const uint8_t* __restrict blk, uint8_t* __restrict q
         }
       }
     }
+  } else if constexpr (F == QuantFormat::kQ8_0) {
+    for (int j = 0; j < 32; ++j) q[j] = static_cast<uint8_t>(blk[2 + j] ^ 0x80);
   } else {
     using L = Layout32<F>;
     const uint8_t* qs = blk + L::kQs;
@@ -213,6 +231,8 @@ TP_AVX2 TP_ALWAYS_INLINE void bytes_avx2(const uint8_t* __restrict blk, uint8_t*
         store32(q + 128 * h + 32 * k, _mm256_or_si256(low, _mm256_slli_epi16(bits_avx2(qh, 2 * k, 3), 4)));
       }
     }
+  } else if constexpr (F == QuantFormat::kQ8_0) {
+    store32(q, _mm256_xor_si256(load32(blk + 2), _mm256_set1_epi8(static_cast<char>(0x80))));
   } else {
     using L = Layout32<F>;
     const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + L::kQs));
@@ -230,7 +250,8 @@ struct Problem {
   int64_t row_bytes, blocks, weights, bytes;  // per row: bytes, blocks; per block: weights, bytes
   int64_t groups;                             // in / 16
   const uint8_t* w;
-  const float* x;  // [tokens, in]
+  const float* x;       // [tokens, in]
+  const float* x_sums = nullptr;  // one token: the sum of x over each 32-weight block (fused 32-weight kernels)
   const float* bias;
   float* y;  // [tokens, out_features]
 };
@@ -290,32 +311,59 @@ TP_AVX2 TP_ALWAYS_INLINE float sum4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
-// The 32-weight formats in registers only: per block its scales, 32 quants as two 16-byte halves
-// (the fifth bits merged in), each half as two products of 8.
+// 8 quants (the low 8 bytes of q; int8 when Signed, else unsigned) as float.
+template <bool Signed>
+TP_AVX2 TP_ALWAYS_INLINE __m256 quants8_avx2(__m128i q) {
+  return _mm256_cvtepi32_ps(Signed ? _mm256_cvtepi8_epi32(q) : _mm256_cvtepu8_epi32(q));
+}
+
+// One 32-weight block of a row, for one token: acc += d (q . x) and offsets += b (the block's sum of
+// x), which is its product a q . x + b sum(x) with the multiplication by b once per block, not per weight.
+// Quants 0-15 in lo, 16-31 in hi.
 template <QuantFormat F>
-TP_AVX2 float fused_dot32_avx2(const Problem& p, int64_t o, const float* __restrict x) {
+TP_AVX2 TP_ALWAYS_INLINE void block32_avx2(const uint8_t* blk, const float* x, float x_sum, __m256& acc,
+                                           float& offsets) {
   using L = Layout32<F>;
-  const uint8_t* blk = p.w + o * p.row_bytes;
-  const __m128i nibble = _mm_set1_epi8(0xF);
-  // Four chains of multiply-adds: with two, their latency held the loop back (SmolLM2's decode, one
-  // thread: 54 tok/s with two, 57 with four; 46 through the byte buffer of the K-quants' path).
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
-  for (int64_t k = 0; k < p.blocks; ++k, blk += p.bytes, x += 32) {
-    const float d = half(blk);
-    const __m256 a = _mm256_set1_ps(d), b = _mm256_set1_ps(L::kOffset ? -16.0f * d : half(blk + 2));
+  constexpr bool kSigned = F == QuantFormat::kQ8_0;  // d q: no offset
+  const float d = half(blk);
+  __m128i lo, hi;
+  if constexpr (kSigned) {
+    lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
+  } else {
+    const __m128i nibble = _mm_set1_epi8(0xF);
     const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + L::kQs));
-    __m128i low = _mm_and_si128(qs, nibble), high = _mm_and_si128(_mm_srli_epi16(qs, 4), nibble);
+    lo = _mm_and_si128(qs, nibble);
+    hi = _mm_and_si128(_mm_srli_epi16(qs, 4), nibble);
     if constexpr (L::kFive) {
       const __m256i fifth = bit_bytes_avx2(word(blk + L::kQh), 16);
-      low = _mm_or_si128(low, _mm256_castsi256_si128(fifth));
-      high = _mm_or_si128(high, _mm256_extracti128_si256(fifth, 1));
+      lo = _mm_or_si128(lo, _mm256_castsi256_si128(fifth));
+      hi = _mm_or_si128(hi, _mm256_extracti128_si256(fifth, 1));
     }
-    acc0 = madd8_avx2(low, a, b, x, acc0);
-    acc1 = madd8_avx2(_mm_srli_si128(low, 8), a, b, x + 8, acc1);
-    acc2 = madd8_avx2(high, a, b, x + 16, acc2);
-    acc3 = madd8_avx2(_mm_srli_si128(high, 8), a, b, x + 24, acc3);
+    offsets += offset32<F>(blk, d) * x_sum;
   }
-  return sum4_avx2(acc0, acc1, acc2, acc3);
+  __m256 s = _mm256_mul_ps(quants8_avx2<kSigned>(lo), _mm256_loadu_ps(x));
+  __m256 t = _mm256_mul_ps(quants8_avx2<kSigned>(hi), _mm256_loadu_ps(x + 16));
+  s = _mm256_fmadd_ps(quants8_avx2<kSigned>(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(x + 8), s);
+  t = _mm256_fmadd_ps(quants8_avx2<kSigned>(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(x + 24), t);
+  acc = _mm256_fmadd_ps(_mm256_add_ps(s, t), _mm256_set1_ps(d), acc);
+}
+
+// The 32-weight formats, in registers only: two blocks per step on two chains of multiply-adds.
+// Per 32 weights four conversions, four multiply-adds and one scaling, against eight multiply-adds when
+// each weight was scaled first (SmolLM2's decode, one thread: 57 tok/s that way).
+template <QuantFormat F>
+TP_AVX2 float fused_dot32_avx2(const Problem& p, int64_t o, const float* __restrict x) {
+  const uint8_t* blk = p.w + o * p.row_bytes;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  float offsets0 = 0.0f, offsets1 = 0.0f;
+  int64_t k = 0;
+  for (; k + 2 <= p.blocks; k += 2, blk += 2 * p.bytes, x += 64) {
+    block32_avx2<F>(blk, x, p.x_sums[k], acc0, offsets0);
+    block32_avx2<F>(blk + p.bytes, x + 32, p.x_sums[k + 1], acc1, offsets1);
+  }
+  if (k < p.blocks) block32_avx2<F>(blk, x, p.x_sums[k], acc0, offsets0);
+  return sum4_avx2(acc0, acc1, _mm256_setzero_ps(), _mm256_setzero_ps()) + (offsets0 + offsets1);
 }
 
 // The K-quants: per block of 256 its bytes and scales in cache, then each group of 16 as two
@@ -433,6 +481,8 @@ Kernels kernels_for(QuantKernel kernel) {
 
 Kernels kernels_for(QuantFormat format, QuantKernel kernel) {
   switch (format) {
+    case QuantFormat::kQ8_0: return kernels_for<QuantFormat::kQ8_0>(kernel);
+    case QuantFormat::kQ4_0: return kernels_for<QuantFormat::kQ4_0>(kernel);
     case QuantFormat::kQ4_1: return kernels_for<QuantFormat::kQ4_1>(kernel);
     case QuantFormat::kQ5_0: return kernels_for<QuantFormat::kQ5_0>(kernel);
     case QuantFormat::kQ5_1: return kernels_for<QuantFormat::kQ5_1>(kernel);
@@ -441,8 +491,8 @@ Kernels kernels_for(QuantFormat format, QuantKernel kernel) {
     case QuantFormat::kQ4_K: return kernels_for<QuantFormat::kQ4_K>(kernel);
     case QuantFormat::kQ5_K: return kernels_for<QuantFormat::kQ5_K>(kernel);
     case QuantFormat::kQ6_K: return kernels_for<QuantFormat::kQ6_K>(kernel);
-    default: return {nullptr, nullptr, nullptr};  // Q8_0 and Q4_0 have kernels of their own (quant_kernels.cpp)
   }
+  return {nullptr, nullptr, nullptr};
 }
 
 // A part of the rows gets at least this many bytes of weights per token: less costs more to hand
@@ -472,6 +522,16 @@ void linear(QuantFormat format, QuantKernel kernel, const float* x, int64_t toke
     at::parallel_for(0, (out_features + kTileRows - 1) / kTileRows, 1,
                      [&](int64_t begin, int64_t end) { tiles(p, k, begin, end); });
     return;
+  }
+  std::vector<float> x_sums;
+  if (tokens == 1 && p.weights == 32) {
+    x_sums.resize(p.blocks);
+    for (int64_t b = 0; b < p.blocks; ++b) {
+      float sum = 0.0f;
+      for (int64_t j = 0; j < 32; ++j) sum += x[b * 32 + j];
+      x_sums[b] = sum;
+    }
+    p.x_sums = x_sums.data();
   }
   const int64_t grain = std::max<int64_t>(1, kMinPartBytes / (p.row_bytes * tokens));
   const auto body = [&](int64_t begin, int64_t end) { rows(p, k, begin, end); };

@@ -804,6 +804,8 @@ void check_operands(QuantFormat format, const at::Tensor& x, const at::Tensor& b
 
 QuantKernel set_quant_kernel(QuantKernel kernel) { return chosen_kernel.exchange(kernel); }
 
+QuantKernel ggml::resolved_quant_kernel() { return resolve(chosen_kernel.load()); }
+
 bool quant_kernel_available(QuantKernel kernel) {
   switch (kernel) {
     case QuantKernel::kAvx2: return cpu_has_avx2();

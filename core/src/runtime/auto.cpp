@@ -216,7 +216,9 @@ std::shared_ptr<PretrainedModel> from_gguf(const std::filesystem::path& file, co
   const auto gguf = read_gguf_model(file, registries.families(), options.dequantize);
   const auto config = with_overrides(ModelConfig::from_json(gguf.config, file.string(), &registries.families()),
                                      options.config_overrides, file.string() + " (with overrides)", registries);
-  return build_and_load(config, checkpoint::Checkpoint::of(gguf.tensors, file), options, file.string(), report);
+  auto model = build_and_load(config, checkpoint::Checkpoint::of(gguf.tensors, file), options, file.string(), report);
+  if (!options.dequantize) decode_tied_weights_from_blocks(*model, gguf);  // declined off the CPU or in another dtype
+  return model;
 }
 
 }  // namespace

@@ -14,6 +14,8 @@
 #include "torchpatch/checkpoint/conversion.h"
 #include "torchpatch/checkpoint/load.h"
 #include "torchpatch/error.h"
+#include "torchpatch/nn/linear.h"
+#include "torchpatch/nn/quant.h"
 #include "torchpatch/printable.h"
 
 namespace torchpatch {
@@ -239,7 +241,29 @@ GgufModel read_gguf_model(const fs::path& path, const FamilyRegistry& families, 
   const auto heads = model.config.value("num_attention_heads", int64_t{0});
   const auto kv_heads = model.config.value("num_key_value_heads", heads);
   model.tensors = std::make_shared<GgufWeights>(model.file, family->gguf->tensors, heads, kv_heads, std::move(blocks));
+  for (const auto& t : model.file->tensors()) {
+    std::string hub = t.name;
+    const auto* rule = naming_rule(t.name, family->gguf->tensors, hub);
+    if (rule == nullptr || !rule->stacks_experts()) model.gguf_names.emplace(hub, t.name);
+  }
   return model;
+}
+
+std::vector<std::string> decode_tied_weights_from_blocks(PretrainedModel& model, const GgufModel& gguf) {
+  std::vector<std::string> done;
+  const auto modules = model.named_modules();
+  for (const auto& [alias, target] : model.tied_weights()) {
+    const auto source = gguf.gguf_names.find(target);
+    const auto dot = alias.rfind('.');
+    if (source == gguf.gguf_names.end() || dot == std::string::npos || alias.substr(dot + 1) != "weight") continue;
+    const auto* info = gguf.file->find(source->second);
+    const auto format = info != nullptr ? nn::quant_format_of(info->type) : std::nullopt;
+    const auto* found = modules.find(alias.substr(0, dot));
+    if (!format || found == nullptr) continue;
+    const auto linear = std::dynamic_pointer_cast<nn::Linear>(*found);
+    if (linear && linear->decode_from_blocks(*format, gguf.file->raw(source->second))) done.push_back(alias);
+  }
+  return done;
 }
 
 namespace {

@@ -52,15 +52,9 @@ class TORCHPATCH_API DecoderModel : public PretrainedModel {
 /// The output projection of a model whose config ties it to the token embeddings: a float view of
 /// the embedding table, outside the "Linear" patch point (its weight is not in checkpoints). An untied
 /// lm_head is an ordinary Linear patch point at "lm_head".
-class TORCHPATCH_API TiedLmHead : public roles::Linear {
+class TORCHPATCH_API TiedLmHead : public nn::Linear {
  public:
-  explicit TiedLmHead(const at::Tensor& tied_weight);
-
-  at::Tensor forward(const at::Tensor& hidden) override;
-  int64_t in_features() const override { return weight.size(1); }
-  int64_t out_features() const override { return weight.size(0); }
-
-  at::Tensor weight;  ///< [V, H], the embeddings'
+  explicit TiedLmHead(const at::Tensor& tied_weight) : nn::Linear(tied_weight) {}
 };
 
 /// `XForCausalLM`: model (a DecoderModel) and lm_head, tied to the embeddings when the config says so.

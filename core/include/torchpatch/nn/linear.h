@@ -5,12 +5,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 
 #include "torchpatch/export.h"
+#include "torchpatch/nn/quant.h"
 #include "torchpatch/patching/roles.h"
 
 namespace torchpatch::nn {
@@ -70,12 +72,33 @@ TORCHPATCH_API at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, 
 class TORCHPATCH_API Linear : public roles::Linear {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias);
+  /// Without bias, over a weight it shares (a tied output layer's: the embeddings').
+  explicit Linear(const at::Tensor& shared_weight);
   at::Tensor forward(const at::Tensor& x) override;
   int64_t in_features() const override { return weight.size(1); }
   int64_t out_features() const override { return weight.size(0); }
 
+  /// Lets products of 1 to 15 rows (decoding) read `blocks`, GGUF's blocks of `format` [out, in / 32 *
+  /// block bytes] holding exactly `weight`'s values (weight was dequantized from them, as a GGUF
+  /// model's embeddings are, which a tied output layer shares), instead of weight: a quarter of the
+  /// bytes or fewer, multiplied with the float32 activations as they are, so a result differs from
+  /// weight's only in float rounding. Declined (false) unless blocks dequantize to weight bit for bit
+  /// and weight is a float32 CPU tensor; forgotten as soon as weight is replaced or changed in place.
+  bool decode_from_blocks(QuantFormat format, const at::Tensor& blocks);
+  /// The blocks products of a few rows read now; undefined when they read weight.
+  at::Tensor decode_blocks() const;
+
   at::Tensor weight;  ///< [out_features, in_features]
   at::Tensor bias;    ///< [out_features], undefined without bias
+
+ private:
+  struct DecodeBlocks {
+    QuantFormat format;
+    at::Tensor blocks;
+    const void* weight_data;  // weight's storage and version when they were attached
+    int64_t weight_version;
+  };
+  std::optional<DecodeBlocks> decode_blocks_;
 };
 
 /// Projection `name` of the block being built [in -> out], through the "Linear" patch point (the

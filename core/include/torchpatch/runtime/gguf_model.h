@@ -33,6 +33,8 @@ struct TORCHPATCH_API GgufModel {
   /// llama.cpp permuted them). A tensor no naming rule knows keeps its GGUF name, so loading reports
   /// it as unexpected.
   std::shared_ptr<const checkpoint::TensorSource> tensors;
+  /// Each hub name's GGUF tensor (stacked experts aside).
+  std::map<std::string, std::string> gguf_names;
 };
 
 /// Reads `path` (a .gguf file). Projections whose block type a quantization method of `families`
@@ -43,6 +45,12 @@ struct TORCHPATCH_API GgufModel {
 /// needs; CheckpointError for a file that is not valid GGUF.
 TORCHPATCH_API GgufModel read_gguf_model(const std::filesystem::path& path, const FamilyRegistry& families,
                                          bool dequantize = false);
+
+/// Lets each nn::Linear of `model` whose weight is tied to one the file holds as blocks (a tied output
+/// layer, sharing the file's Q8_0 or Q6_K token embeddings) decode from those blocks
+/// (nn::Linear::decode_from_blocks): a fourth of the bytes or fewer per token than the float32 copy,
+/// the same values. Returns the tied weights' names that do.
+TORCHPATCH_API std::vector<std::string> decode_tied_weights_from_blocks(PretrainedModel& model, const GgufModel& gguf);
 
 /// The tokenizer a GGUF file carries (tokenizer.ggml.*): the tokenizer.json llama.cpp's converter
 /// read, rebuilt (runtime/gguf_tokenizer.cpp; docs/gguf.md lists the pre-tokenizers). ConfigError
