@@ -366,6 +366,49 @@ TP_AVX2 float fused_dot32_avx2(const Problem& p, int64_t o, const float* __restr
   return sum4_avx2(acc0, acc1, _mm256_setzero_ps(), _mm256_setzero_ps()) + (offsets0 + offsets1);
 }
 
+// block32_avx2 and fused_dot32_avx2 on 16 lanes: half the instructions per block.
+template <QuantFormat F>
+TP_AVX512 TP_ALWAYS_INLINE void block32_avx512(const uint8_t* blk, const float* x, float x_sum, __m512& acc,
+                                               float& offsets) {
+  using L = Layout32<F>;
+  constexpr bool kSigned = F == QuantFormat::kQ8_0;
+  const float d = half(blk);
+  __m128i lo, hi;
+  if constexpr (kSigned) {
+    lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
+  } else {
+    const __m128i nibble = _mm_set1_epi8(0xF);
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + L::kQs));
+    lo = _mm_and_si128(qs, nibble);
+    hi = _mm_and_si128(_mm_srli_epi16(qs, 4), nibble);
+    if constexpr (L::kFive) {
+      const __m256i fifth = bit_bytes_avx2(word(blk + L::kQh), 16);
+      lo = _mm_or_si128(lo, _mm256_castsi256_si128(fifth));
+      hi = _mm_or_si128(hi, _mm256_extracti128_si256(fifth, 1));
+    }
+    offsets += offset32<F>(blk, d) * x_sum;
+  }
+  const __m512 qlo = _mm512_cvtepi32_ps(kSigned ? _mm512_cvtepi8_epi32(lo) : _mm512_cvtepu8_epi32(lo));
+  const __m512 qhi = _mm512_cvtepi32_ps(kSigned ? _mm512_cvtepi8_epi32(hi) : _mm512_cvtepu8_epi32(hi));
+  const __m512 s = _mm512_fmadd_ps(qhi, _mm512_loadu_ps(x + 16), _mm512_mul_ps(qlo, _mm512_loadu_ps(x)));
+  acc = _mm512_fmadd_ps(s, _mm512_set1_ps(d), acc);
+}
+
+template <QuantFormat F>
+TP_AVX512 float fused_dot32_avx512(const Problem& p, int64_t o, const float* __restrict x) {
+  const uint8_t* blk = p.w + o * p.row_bytes;
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  float offsets0 = 0.0f, offsets1 = 0.0f;
+  int64_t k = 0;
+  for (; k + 2 <= p.blocks; k += 2, blk += 2 * p.bytes, x += 64) {
+    block32_avx512<F>(blk, x, p.x_sums[k], acc0, offsets0);
+    block32_avx512<F>(blk + p.bytes, x + 32, p.x_sums[k + 1], acc1, offsets1);
+  }
+  if (k < p.blocks) block32_avx512<F>(blk, x, p.x_sums[k], acc0, offsets0);
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + (offsets0 + offsets1);
+}
+
 // The K-quants: per block of 256 its bytes and scales in cache, then each group of 16 as two
 // products of 8 (pairs of groups on four chains of multiply-adds).
 template <QuantFormat F>
@@ -474,7 +517,10 @@ void tiles(const Problem& p, const Kernels& k, int64_t begin, int64_t end) {
 
 template <QuantFormat F>
 Kernels kernels_for(QuantKernel kernel) {
-  if (kernel == QuantKernel::kAvx512) return {dequantize_row_avx2<F>, dot_avx512, fused_dot_avx2<F>};
+  if (kernel == QuantKernel::kAvx512) {
+    if constexpr (block_is_32<F>()) return {dequantize_row_avx2<F>, dot_avx512, fused_dot32_avx512<F>};
+    return {dequantize_row_avx2<F>, dot_avx512, fused_dot_avx2<F>};
+  }
   if (kernel == QuantKernel::kAvx2) return {dequantize_row_avx2<F>, dot_avx2, fused_dot_avx2<F>};
   return {dequantize_row_scalar<F>, dot_scalar, nullptr};
 }
