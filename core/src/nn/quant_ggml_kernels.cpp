@@ -251,7 +251,7 @@ struct Problem {
   int64_t groups;                             // in / 16
   const uint8_t* w;
   const float* x;       // [tokens, in]
-  const float* x_sums = nullptr;  // one token: the sum of x over each 32-weight block (fused 32-weight kernels)
+  const float* x_sums = nullptr;  // one token: the sum of x per block (32-weight formats) or group of 16
   const float* bias;
   float* y;  // [tokens, out_features]
 };
@@ -435,6 +435,32 @@ TP_AVX2 float fused_dot_avx2(const Problem& p, int64_t o, const float* __restric
   return sum4_avx2(acc0, acc1, acc2, acc3);
 }
 
+// The K-quants on 16 lanes: per group of 16, a (q . x) on one chain of two, and b (the group's sum
+// of x) for all 16 groups of a block in one multiply-add.
+template <QuantFormat F>
+TP_AVX512 float fused_dot_avx512(const Problem& p, int64_t o, const float* __restrict x) {
+  if constexpr (block_is_32<F>()) return fused_dot32_avx512<F>(p, o, x);
+  alignas(64) uint8_t q[256];
+  alignas(64) float a[16], b[16];
+  const uint8_t* row = p.w + o * p.row_bytes;
+  const float* sums = p.x_sums;
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), offsets = _mm512_setzero_ps();
+  for (int64_t k = 0; k < p.blocks; ++k, x += p.weights, sums += 16) {
+    scales<F>(row + k * p.bytes, a, b);
+    bytes_avx2<F>(row + k * p.bytes, q);
+    for (int g = 0; g < 16; g += 2) {
+      const __m128i even = _mm_load_si128(reinterpret_cast<const __m128i*>(q + g * kGroup));
+      const __m128i odd = _mm_load_si128(reinterpret_cast<const __m128i*>(q + (g + 1) * kGroup));
+      const __m512 t0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(even)), _mm512_loadu_ps(x + g * kGroup));
+      const __m512 t1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(odd)), _mm512_loadu_ps(x + (g + 1) * kGroup));
+      acc0 = _mm512_fmadd_ps(t0, _mm512_set1_ps(a[g]), acc0);
+      acc1 = _mm512_fmadd_ps(t1, _mm512_set1_ps(a[g + 1]), acc1);
+    }
+    offsets = _mm512_fmadd_ps(_mm512_load_ps(b), _mm512_loadu_ps(sums), offsets);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), offsets));
+}
+
 // -- dot products of a dequantized row with a token ----------------------------------------------------
 
 float dot_scalar(const float* w, const float* x, int64_t n) {
@@ -517,10 +543,7 @@ void tiles(const Problem& p, const Kernels& k, int64_t begin, int64_t end) {
 
 template <QuantFormat F>
 Kernels kernels_for(QuantKernel kernel) {
-  if (kernel == QuantKernel::kAvx512) {
-    if constexpr (block_is_32<F>()) return {dequantize_row_avx2<F>, dot_avx512, fused_dot32_avx512<F>};
-    return {dequantize_row_avx2<F>, dot_avx512, fused_dot_avx2<F>};
-  }
+  if (kernel == QuantKernel::kAvx512) return {dequantize_row_avx2<F>, dot_avx512, fused_dot_avx512<F>};
   if (kernel == QuantKernel::kAvx2) return {dequantize_row_avx2<F>, dot_avx2, fused_dot_avx2<F>};
   return {dequantize_row_scalar<F>, dot_scalar, nullptr};
 }
@@ -570,12 +593,13 @@ void linear(QuantFormat format, QuantKernel kernel, const float* x, int64_t toke
     return;
   }
   std::vector<float> x_sums;
-  if (tokens == 1 && p.weights == 32) {
-    x_sums.resize(p.blocks);
-    for (int64_t b = 0; b < p.blocks; ++b) {
+  if (tokens == 1) {  // per 32 weights for the 32-weight formats, per group of 16 for the K-quants
+    const int64_t span = p.weights == 32 ? 32 : kGroup;
+    x_sums.resize(in / span);
+    for (size_t i = 0; i < x_sums.size(); ++i) {
       float sum = 0.0f;
-      for (int64_t j = 0; j < 32; ++j) sum += x[b * 32 + j];
-      x_sums[b] = sum;
+      for (int64_t j = 0; j < span; ++j) sum += x[static_cast<int64_t>(i) * span + j];
+      x_sums[i] = sum;
     }
     p.x_sums = x_sums.data();
   }
