@@ -295,13 +295,10 @@ TP_AVX2 void dequantize_row_avx2(const Problem& p, int64_t o, Scratch& s, float*
   }
 }
 
-// One row dotted with one token without a float copy of the row: per block, its bytes and scales in
-// cache, each 8 weights converted, scaled and multiplied with the token at once (decoding).
-// 8 weights (bytes q, in the low 8 of 16) scaled and multiplied with 8 activations, added to acc.
-TP_AVX2 TP_ALWAYS_INLINE __m256 madd8_avx2(__m128i q, __m256 a, __m256 b, const float* x, __m256 acc) {
-  const __m256 w = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), a, b);
-  return _mm256_fmadd_ps(w, _mm256_loadu_ps(x), acc);
-}
+// One row dotted with one token without a float copy of the row (decoding). Every weight is a q + b
+// with a, b shared by a group, so the product is the sum over groups of a (q . x) + b sum(x): the
+// quants are converted and multiplied with x as they are, a scales each group's sum once, and the
+// groups' sums of x are made once per token for every row (Problem::x_sums).
 
 // The sum of four accumulators' lanes.
 TP_AVX2 TP_ALWAYS_INLINE float sum4_avx2(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
@@ -409,30 +406,39 @@ TP_AVX512 float fused_dot32_avx512(const Problem& p, int64_t o, const float* __r
   return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + (offsets0 + offsets1);
 }
 
-// The K-quants: per block of 256 its bytes and scales in cache, then each group of 16 as two
-// products of 8 (pairs of groups on four chains of multiply-adds).
+// The K-quants: per block of 256 its bytes and scales in cache, then per group of 16 a (q . x) on
+// four chains of multiply-adds, and b (the group's sum of x) for the block's 16 groups in two.
 template <QuantFormat F>
 TP_AVX2 float fused_dot_avx2(const Problem& p, int64_t o, const float* __restrict x) {
   if constexpr (block_is_32<F>()) return fused_dot32_avx2<F>(p, o, x);
   alignas(32) uint8_t q[256];
-  float a[16], b[16];
+  alignas(32) float a[16], b[16];
   const uint8_t* row = p.w + o * p.row_bytes;
+  const float* sums = p.x_sums;
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
-  for (int64_t k = 0; k < p.blocks; ++k, x += p.weights) {
+  __m256 offsets = _mm256_setzero_ps();
+  for (int64_t k = 0; k < p.blocks; ++k, x += p.weights, sums += 16) {
     scales<F>(row + k * p.bytes, a, b);
     bytes_avx2<F>(row + k * p.bytes, q);
-    for (int64_t g = 0; g < p.weights / kGroup; g += 2) {
+    for (int g = 0; g < 16; g += 2) {
       const __m128i even = _mm_load_si128(reinterpret_cast<const __m128i*>(q + g * kGroup));
       const __m128i odd = _mm_load_si128(reinterpret_cast<const __m128i*>(q + (g + 1) * kGroup));
-      const __m256 a0 = _mm256_set1_ps(a[g]), b0 = _mm256_set1_ps(b[g]);
-      const __m256 a1 = _mm256_set1_ps(a[g + 1]), b1 = _mm256_set1_ps(b[g + 1]);
-      acc0 = madd8_avx2(even, a0, b0, x + g * kGroup, acc0);
-      acc1 = madd8_avx2(_mm_srli_si128(even, 8), a0, b0, x + g * kGroup + 8, acc1);
-      acc2 = madd8_avx2(odd, a1, b1, x + (g + 1) * kGroup, acc2);
-      acc3 = madd8_avx2(_mm_srli_si128(odd, 8), a1, b1, x + (g + 1) * kGroup + 8, acc3);
+      const __m256 e = _mm256_fmadd_ps(quants8_avx2<false>(_mm_srli_si128(even, 8)), _mm256_loadu_ps(x + g * kGroup + 8),
+                                       _mm256_mul_ps(quants8_avx2<false>(even), _mm256_loadu_ps(x + g * kGroup)));
+      const __m256 d = _mm256_fmadd_ps(quants8_avx2<false>(_mm_srli_si128(odd, 8)), _mm256_loadu_ps(x + (g + 1) * kGroup + 8),
+                                       _mm256_mul_ps(quants8_avx2<false>(odd), _mm256_loadu_ps(x + (g + 1) * kGroup)));
+      if (g % 4 == 0) {
+        acc0 = _mm256_fmadd_ps(e, _mm256_set1_ps(a[g]), acc0);
+        acc1 = _mm256_fmadd_ps(d, _mm256_set1_ps(a[g + 1]), acc1);
+      } else {
+        acc2 = _mm256_fmadd_ps(e, _mm256_set1_ps(a[g]), acc2);
+        acc3 = _mm256_fmadd_ps(d, _mm256_set1_ps(a[g + 1]), acc3);
+      }
     }
+    offsets = _mm256_fmadd_ps(_mm256_load_ps(b), _mm256_loadu_ps(sums), offsets);
+    offsets = _mm256_fmadd_ps(_mm256_load_ps(b + 8), _mm256_loadu_ps(sums + 8), offsets);
   }
-  return sum4_avx2(acc0, acc1, acc2, acc3);
+  return sum4_avx2(acc0, acc1, acc2, _mm256_add_ps(acc3, offsets));
 }
 
 // The K-quants on 16 lanes: per group of 16, a (q . x) on one chain of two, and b (the group's sum
