@@ -314,31 +314,37 @@ TP_AVX2 TP_ALWAYS_INLINE __m256 quants8_avx2(__m128i q) {
   return _mm256_cvtepi32_ps(Signed ? _mm256_cvtepi8_epi32(q) : _mm256_cvtepu8_epi32(q));
 }
 
-// One 32-weight block of a row, for one token: acc += d (q . x) and offsets += b (the block's sum of
-// x), which is its product a q . x + b sum(x) with the multiplication by b once per block, not per weight.
-// Quants 0-15 in lo, 16-31 in hi.
+// One 32-weight block's quants, 0-15 in lo and 16-31 in hi (Q8_0: its int8, else unsigned), and b
+// times x_sum added to offsets; returns the block's d.
+template <QuantFormat F>
+TP_AVX2 TP_ALWAYS_INLINE float unpack32_avx2(const uint8_t* blk, float x_sum, __m128i& lo, __m128i& hi, float& offsets) {
+  using L = Layout32<F>;
+  const float d = half(blk);
+  if constexpr (F == QuantFormat::kQ8_0) {  // d q: no offset
+    lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
+    return d;
+  }
+  const __m128i nibble = _mm_set1_epi8(0xF);
+  const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + L::kQs));
+  lo = _mm_and_si128(qs, nibble);
+  hi = _mm_and_si128(_mm_srli_epi16(qs, 4), nibble);
+  if constexpr (L::kFive) {
+    const __m256i fifth = bit_bytes_avx2(word(blk + L::kQh), 16);
+    lo = _mm_or_si128(lo, _mm256_castsi256_si128(fifth));
+    hi = _mm_or_si128(hi, _mm256_extracti128_si256(fifth, 1));
+  }
+  offsets += offset32<F>(blk, d) * x_sum;
+  return d;
+}
+
+// One 32-weight block of a row, for one token: acc += d (q . x), offsets += b (the block's sum of x).
 template <QuantFormat F>
 TP_AVX2 TP_ALWAYS_INLINE void block32_avx2(const uint8_t* blk, const float* x, float x_sum, __m256& acc,
                                            float& offsets) {
-  using L = Layout32<F>;
-  constexpr bool kSigned = F == QuantFormat::kQ8_0;  // d q: no offset
-  const float d = half(blk);
+  constexpr bool kSigned = F == QuantFormat::kQ8_0;
   __m128i lo, hi;
-  if constexpr (kSigned) {
-    lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-    hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
-  } else {
-    const __m128i nibble = _mm_set1_epi8(0xF);
-    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + L::kQs));
-    lo = _mm_and_si128(qs, nibble);
-    hi = _mm_and_si128(_mm_srli_epi16(qs, 4), nibble);
-    if constexpr (L::kFive) {
-      const __m256i fifth = bit_bytes_avx2(word(blk + L::kQh), 16);
-      lo = _mm_or_si128(lo, _mm256_castsi256_si128(fifth));
-      hi = _mm_or_si128(hi, _mm256_extracti128_si256(fifth, 1));
-    }
-    offsets += offset32<F>(blk, d) * x_sum;
-  }
+  const float d = unpack32_avx2<F>(blk, x_sum, lo, hi, offsets);
   __m256 s = _mm256_mul_ps(quants8_avx2<kSigned>(lo), _mm256_loadu_ps(x));
   __m256 t = _mm256_mul_ps(quants8_avx2<kSigned>(hi), _mm256_loadu_ps(x + 16));
   s = _mm256_fmadd_ps(quants8_avx2<kSigned>(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(x + 8), s);
@@ -367,25 +373,9 @@ TP_AVX2 float fused_dot32_avx2(const Problem& p, int64_t o, const float* __restr
 template <QuantFormat F>
 TP_AVX512 TP_ALWAYS_INLINE void block32_avx512(const uint8_t* blk, const float* x, float x_sum, __m512& acc,
                                                float& offsets) {
-  using L = Layout32<F>;
   constexpr bool kSigned = F == QuantFormat::kQ8_0;
-  const float d = half(blk);
   __m128i lo, hi;
-  if constexpr (kSigned) {
-    lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-    hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
-  } else {
-    const __m128i nibble = _mm_set1_epi8(0xF);
-    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + L::kQs));
-    lo = _mm_and_si128(qs, nibble);
-    hi = _mm_and_si128(_mm_srli_epi16(qs, 4), nibble);
-    if constexpr (L::kFive) {
-      const __m256i fifth = bit_bytes_avx2(word(blk + L::kQh), 16);
-      lo = _mm_or_si128(lo, _mm256_castsi256_si128(fifth));
-      hi = _mm_or_si128(hi, _mm256_extracti128_si256(fifth, 1));
-    }
-    offsets += offset32<F>(blk, d) * x_sum;
-  }
+  const float d = unpack32_avx2<F>(blk, x_sum, lo, hi, offsets);
   const __m512 qlo = _mm512_cvtepi32_ps(kSigned ? _mm512_cvtepi8_epi32(lo) : _mm512_cvtepu8_epi32(lo));
   const __m512 qhi = _mm512_cvtepi32_ps(kSigned ? _mm512_cvtepi8_epi32(hi) : _mm512_cvtepu8_epi32(hi));
   const __m512 s = _mm512_fmadd_ps(qhi, _mm512_loadu_ps(x + 16), _mm512_mul_ps(qlo, _mm512_loadu_ps(x)));
