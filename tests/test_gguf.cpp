@@ -16,6 +16,7 @@
 #include "torchpatch/error.h"
 #include "torchpatch/nn/quant.h"
 #include "torchpatch/models/pretrained.h"
+#include "torchpatch/plugin_host.h"
 #include "torchpatch/runtime/auto.h"
 #include "torchpatch/runtime/gguf_model.h"
 #include "torchpatch/text/tokenizer.h"
@@ -334,6 +335,9 @@ TEST_CASE("GGUF: llama.cpp's converter's files load as the reference checkpoints
   // tests/data/gguf/converted: the reference checkpoints of several families as llama.cpp's own
   // converter writes them (make_converted_gguf.py); manifest.json says which case each file is.
   const auto dir = gguf_data("converted");
+  static PluginHost host;  // Phi-3's family comes from the bundled phi3 plugin
+  static const bool loaded = (host.load_directory(TORCHPATCH_BUNDLED_PLUGIN_DIR, PluginMode::Catalogue), true);
+  (void)loaded;
   const auto manifest = read_json(dir / "manifest.json");
   REQUIRE(!manifest["cases"].empty());
   for (const auto& entry : manifest["cases"]) {
@@ -375,6 +379,24 @@ TEST_CASE("GGUF: llama.cpp's converter's files load as the reference checkpoints
     check_reference_logits(*back, name + " saved back", entry);
     std::filesystem::remove(saved);
   }
+}
+
+TEST_CASE("GGUF: a Phi-3 file with LongRoPE's factors is refused naming the tensor, not run with plain RoPE", "[gguf]") {
+  static PluginHost host;  // the phi3 family
+  static const bool loaded = (host.load_directory(TORCHPATCH_BUNDLED_PLUGIN_DIR, PluginMode::Catalogue), true);
+  (void)loaded;
+  const auto source = GgufFile::open(gguf_data("converted") / "phi3_fused.gguf");
+  std::vector<checkpoint::GgufTensorToWrite> tensors;
+  for (const auto& t : source->tensors()) {
+    const auto shape = t.shape();
+    tensors.push_back({t.name, t.type, shape, source->tensor(t.name)});
+  }
+  tensors.push_back({"rope_factors_long.weight", GgmlType::F32, {8}, at::ones({8})});
+  tensors.push_back({"rope_factors_short.weight", GgmlType::F32, {8}, at::ones({8})});
+  const auto file = testutil::temp_file("phi3-longrope.gguf");
+  checkpoint::save_gguf(file, source->metadata(), tensors);
+  CHECK_THROWS_WITH(from_pretrained(file), Contains("tensor 'rope_factors_long.weight': the file's RoPE is LongRoPE"));
+  std::filesystem::remove(file);
 }
 
 TEST_CASE("GGUF: a file no family reads is refused naming its architecture and those that are read", "[gguf]") {

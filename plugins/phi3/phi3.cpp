@@ -6,7 +6,9 @@
 // Face's Phi3ForCausalLM does.
 #include <ATen/ATen.h>
 
+#include "torchpatch/error.h"
 #include "torchpatch/models/decoder_family.h"
+#include "torchpatch/models/gguf_architecture.h"
 #include "torchpatch/nn/attention.h"
 #include "torchpatch/nn/rms_norm.h"
 #include "torchpatch/plugin_api.h"
@@ -100,6 +102,63 @@ ModelConfig parse_phi3(nlohmann::json j, const std::string& source, const Decode
   return config;
 }
 
+// llama.cpp's "phi3" (its Phi3MiniModel converter): the fused projections as they are (attn_qkv,
+// ffn_up holding gate then up; its graph splits them), q/k rows as Hugging Face's, and keys of its
+// own: rope.scaling.original_context_length, attention.sliding_window (0: none), no key or value
+// length. LongRoPE's factors travel as tensors (rope_factors_long / _short), not read or written yet.
+nlohmann::json gguf_config(const GgufMetadata& m) {
+  if (m.file().find("rope_factors_long.weight") != nullptr) {
+    throw ConfigError(m.file().path().string() +
+                      ": tensor 'rope_factors_long.weight': the file's RoPE is LongRoPE (a 128k-context Phi-3), "
+                      "whose factors torchpatch does not read from GGUF files yet; load the Hugging Face checkpoint");
+  }
+  auto c = gguf_decoder_config(m, "phi3", "Phi3ForCausalLM");
+  c["original_max_position_embeddings"] =
+      m.integer_or("rope.scaling.original_context_length").value_or(c["max_position_embeddings"].get<int64_t>());
+  const auto window = m.integer_or("attention.sliding_window").value_or(0);
+  c["sliding_window"] = window > 0 ? nlohmann::json(window) : nlohmann::json(nullptr);
+  return c;
+}
+
+std::vector<std::pair<std::string, checkpoint::GgufValue>> gguf_metadata(const nlohmann::json& c) {
+  if (const auto scaling = gguf_full_attention_rope(c); scaling.is_object()) {
+    throw ConfigError("phi3 as GGUF architecture 'phi3': rope_scaling (LongRoPE's factors are tensors in GGUF files, "
+                      "which torchpatch does not write yet)");
+  }
+  std::vector<std::pair<std::string, checkpoint::GgufValue>> m;
+  for (auto& [key, value] : gguf_decoder_metadata("phi3", c)) {
+    if (key != "phi3.attention.key_length" && key != "phi3.attention.value_length" && key != "phi3.vocab_size") {
+      m.emplace_back(std::move(key), std::move(value));
+    }
+  }
+  const auto original = c.value("original_max_position_embeddings", c.value("max_position_embeddings", int64_t{0}));
+  const auto window = c.contains("sliding_window") && c["sliding_window"].is_number_integer()
+                          ? c["sliding_window"].get<int64_t>()
+                          : int64_t{0};
+  m.emplace_back("phi3.rope.scaling.original_context_length", checkpoint::GgufValue::of(static_cast<uint32_t>(original)));
+  m.emplace_back("phi3.attention.sliding_window", checkpoint::GgufValue::of(static_cast<uint32_t>(window)));
+  return m;
+}
+
+GgufArchitecture gguf_architecture() {
+  GgufArchitecture a;
+  a.names = {"phi3"};
+  a.config = gguf_config;
+  for (auto& name : gguf_decoder_tensor_names(/*permuted_qk=*/false)) {
+    const auto& hub = name.hub;
+    const bool split = hub.find("q_proj") != std::string::npos || hub.find("k_proj") != std::string::npos ||
+                       hub.find("v_proj") != std::string::npos || hub.find("gate_proj") != std::string::npos ||
+                       hub.find("up_proj") != std::string::npos || hub.find("_norm.") != std::string::npos;
+    if (!split) a.tensors.push_back(std::move(name));
+  }
+  a.tensors.push_back({"blk.{}.attn_qkv.weight", "model.layers.{}.self_attn.qkv_proj.weight", GgufTensorTransform::kNone,
+                       /*projection=*/true});
+  a.tensors.push_back({"blk.{}.ffn_up.weight", "model.layers.{}.mlp.gate_up_proj.weight", GgufTensorTransform::kNone,
+                       /*projection=*/true});
+  a.metadata = gguf_metadata;
+  return a;
+}
+
 Family phi3_family() {
   DecoderTraits traits;  // Phi3Config defaults
   auto& d = traits.defaults;
@@ -123,6 +182,7 @@ Family phi3_family() {
   auto tiny = tiny_decoder_preset("phi3", "Phi3ForCausalLM");
   tiny["original_max_position_embeddings"] = 256;
   family.presets = {{"tiny-phi3", tiny}};
+  family.gguf = gguf_architecture();
   return family;
 }
 
