@@ -78,6 +78,10 @@ TEST_CASE("olmoe_basic_v5: forward, routing, generation, cli and save match the 
   check_family("olmoe_basic_v5", "OlmoeForCausalLM", {0, 1});
 }
 
+TEST_CASE("gemma2_v525: forward, generation, cli and save match the reference", "[gemma2][reference]") {
+  check_family("gemma2_v525", "Gemma2ForCausalLM");  // transformers 5.25's oracle (make_oracle_v5.py v5_gemma2)
+}
+
 TEST_CASE("gemma3_text_v5: forward, generation, cli and save match the reference", "[gemma3][reference]") {
   check_family("gemma3_text_v5", "Gemma3ForCausalLM");
 }

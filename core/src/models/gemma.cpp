@@ -63,6 +63,14 @@ Family family() {
 
 }  // namespace gemma
 
+// llama.cpp's gemma2 and gemma3 have no key for the attention scale: they divide scores by
+// sqrt(head_dim), except in the 27B model (`layers_of_27b` layers), by sqrt(hidden_size / heads).
+namespace {
+double llama_cpp_query_scalar(int64_t layers, int64_t hidden, int64_t heads, int64_t head_dim, int64_t layers_of_27b) {
+  return static_cast<double>(layers == layers_of_27b ? hidden / heads : head_dim);
+}
+}  // namespace
+
 namespace gemma2 {
 
 const DecoderSpec& spec() {
@@ -133,6 +141,78 @@ at::Tensor Gemma2ForCausalLM::logits(const at::Tensor& hidden) {
   return cap ? at::tanh(out / *cap) * *cap : out;
 }
 
+namespace {
+
+constexpr int64_t kLayersOf27B = 46;
+
+// config.json of a file llama.cpp's converter wrote as "gemma2", as llama.cpp reads it: its defaults
+// for what the file leaves out (both soft caps, always applied; a window of 4096 on the even layers).
+nlohmann::json gguf_config(const GgufMetadata& m) {
+  auto c = gguf_decoder_config(m, "gemma2", "Gemma2ForCausalLM");
+  c.erase("hidden_act");
+  c["hidden_activation"] = "gelu_pytorch_tanh";
+  const auto layers = c["num_hidden_layers"].get<int64_t>(), hidden = c["hidden_size"].get<int64_t>();
+  const auto heads = c["num_attention_heads"].get<int64_t>();
+  if (heads <= 0) m.fail(m.full("attention.head_count"), fmt::format("{}, not a positive head count", heads));
+  const auto head_dim = m.integer_or("attention.key_length").value_or(hidden / heads);
+  c["head_dim"] = head_dim;
+  c["query_pre_attn_scalar"] = llama_cpp_query_scalar(layers, hidden, heads, head_dim, kLayersOf27B);
+  c["attn_logit_softcapping"] = m.number_or("attn_logit_softcapping").value_or(50.0);
+  c["final_logit_softcapping"] = m.number_or("final_logit_softcapping").value_or(30.0);
+  c["sliding_window"] = m.integer_or("attention.sliding_window").value_or(4096);
+  std::vector<std::string> even(static_cast<size_t>(std::max<int64_t>(layers, 0)), "full_attention");
+  for (size_t i = 0; i < even.size(); i += 2) even[i] = "sliding_attention";
+  if (gguf_layer_types(m, layers, 2) != nlohmann::json(even)) {
+    m.fail(m.full("attention.sliding_window_pattern"), "not Gemma 2's even layers sliding, which torchpatch's gemma2 runs");
+  }
+  if (const auto swa_base = m.number_or("rope.freq_base_swa"); swa_base && *swa_base != c["rope_theta"].get<double>()) {
+    m.fail(m.full("rope.freq_base_swa"), fmt::format("{}: the sliding layers' RoPE base differs from the others' ({}), "
+                                                     "which Gemma 2 does not have",
+                                                     *swa_base, c["rope_theta"].get<double>()));
+  }
+  return c;
+}
+
+// What llama.cpp's converter writes for a Gemma 2 config, and what llama.cpp's gemma2 cannot run refused.
+std::vector<std::pair<std::string, checkpoint::GgufValue>> gguf_metadata(const nlohmann::json& c,
+                                                                        const DecoderTraits& traits) {
+  const std::string source = "gemma2 as GGUF architecture 'gemma2'";
+  auto config = parse_decoder_config(c, source, traits);
+  const auto own = read_gemma2_fields(ConfigReader(c, source), Gemma2Config{});
+  const auto& d = config.decoder;
+  auto m = gguf_decoder_metadata("gemma2", c, "gelu_pytorch_tanh");
+  const auto scalar =
+      llama_cpp_query_scalar(d.num_hidden_layers, d.hidden_size, d.num_attention_heads, d.head_dim, kLayersOf27B);
+  if (own->query_pre_attn_scalar != scalar) {
+    throw ConfigError(fmt::format("{}: query_pre_attn_scalar {}: llama.cpp's gemma2 scales attention scores by {} "
+                                  "** -0.5 and has no key for another scalar",
+                                  source, own->query_pre_attn_scalar, scalar));
+  }
+  if (!own->attn_logit_softcapping || !own->final_logit_softcapping) {
+    throw ConfigError(fmt::format("{}: a soft cap of null: llama.cpp's gemma2 always caps attention scores and logits "
+                                  "(50 and 30 where the file has no value)",
+                                  source));
+  }
+  m.emplace_back("gemma2.attn_logit_softcapping", checkpoint::GgufValue::of(static_cast<float>(*own->attn_logit_softcapping)));
+  m.emplace_back("gemma2.final_logit_softcapping", checkpoint::GgufValue::of(static_cast<float>(*own->final_logit_softcapping)));
+  m.emplace_back("gemma2.attention.sliding_window",
+                 checkpoint::GgufValue::of(static_cast<uint32_t>(d.sliding_window.value_or(4096))));
+  return m;
+}
+
+// Gemma 2 in llama.cpp's files: Gemma 3's layout without q/k norms, every norm stored as 1 + w.
+GgufArchitecture gguf_architecture(const DecoderTraits& traits) {
+  GgufArchitecture a;
+  a.names = {"gemma2"};
+  a.config = gguf_config;
+  a.tensors = gguf_post_norm_tensor_names(/*permuted_qk=*/false);
+  gguf_unit_offset_norms(a.tensors);
+  a.metadata = [traits](const nlohmann::json& c) { return gguf_metadata(c, traits); };
+  return a;
+}
+
+}  // namespace
+
 Family family() {
   auto traits = gemma_traits();  // Gemma2Config defaults: Gemma's, and these
   traits.defaults.hidden_size = 2304;
@@ -153,6 +233,7 @@ Family family() {
   auto tiny = tiny_gemma_preset("gemma2", "Gemma2ForCausalLM");
   tiny.update({{"sliding_window", 8}, {"query_pre_attn_scalar", 16}});
   family.presets = {{"tiny-gemma2", tiny}};
+  family.gguf = gguf_architecture(traits);
   return family;
 }
 
@@ -204,14 +285,10 @@ ModelConfig parse_config(const nlohmann::json& j, const std::string& source, con
   return config;
 }
 
-// llama.cpp's gemma3 has no key for the attention scale: it divides scores by sqrt(head_dim), except
-// in the 62-layer 27B model, where by sqrt(hidden_size / num_attention_heads).
-double llama_cpp_query_scalar(int64_t layers, int64_t hidden, int64_t heads, int64_t head_dim) {
-  return static_cast<double>(layers == 62 ? hidden / heads : head_dim);
-}
-
 // llama.cpp assumes every 6th layer is full when a file gives no attention.sliding_window_pattern.
 constexpr int64_t kLlamaCppPattern = 6;
+// The 27B model, whose attention scale llama.cpp takes from hidden_size / num_attention_heads.
+constexpr int64_t kLayersOf27B = 62;
 
 // config.json of a file llama.cpp's converter wrote as "gemma3", as llama.cpp reads it.
 nlohmann::json gguf_config(const GgufMetadata& m) {
@@ -224,7 +301,7 @@ nlohmann::json gguf_config(const GgufMetadata& m) {
   // Gemma's default head_dim is 256, so it is given even where it is hidden_size / heads.
   const auto head_dim = m.integer_or("attention.key_length").value_or(hidden / heads);
   c["head_dim"] = head_dim;
-  c["query_pre_attn_scalar"] = llama_cpp_query_scalar(layers, hidden, heads, head_dim);
+  c["query_pre_attn_scalar"] = llama_cpp_query_scalar(layers, hidden, heads, head_dim, kLayersOf27B);
   c["attn_logit_softcapping"] = nullptr;
   const auto cap = m.number_or("final_logit_softcapping");
   c["final_logit_softcapping"] = cap && *cap > 0 ? nlohmann::json(*cap) : nlohmann::json();
@@ -250,7 +327,8 @@ std::vector<std::pair<std::string, checkpoint::GgufValue>> gguf_metadata(const n
   auto full = c;
   full["rope_theta"] = d.rope.theta;  // v5's per-type rope_parameters give it only there
   auto m = gguf_decoder_metadata("gemma3", full, "gelu_pytorch_tanh");
-  const auto scalar = llama_cpp_query_scalar(d.num_hidden_layers, d.hidden_size, d.num_attention_heads, d.head_dim);
+  const auto scalar =
+      llama_cpp_query_scalar(d.num_hidden_layers, d.hidden_size, d.num_attention_heads, d.head_dim, kLayersOf27B);
   if (own.query_pre_attn_scalar != scalar) {
     throw ConfigError(fmt::format("{}: query_pre_attn_scalar {}: llama.cpp's gemma3 scales attention scores by {} "
                                   "** -0.5 and has no key for another scalar",

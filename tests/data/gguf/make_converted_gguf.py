@@ -10,7 +10,7 @@ own transforms: q/k rows permuted for Llama-like families, Gemma's RMSNorm weigh
 each MoE layer's experts stacked in one tensor per projection).
 The converter refuses a tokenizer whose pre-tokenizer it does not know by hash; this script makes it
 take such a tokenizer as "default" (llama.cpp's GPT-2 split), and reads GLM's and Phi-3's as GPT-2's
-(GLM's reader wants GLM's own special tokens, Phi-3's a SentencePiece model), which changes nothing in
+(GLM's reader wants GLM's own special tokens, Phi-3's and Gemma 2's a SentencePiece model), which changes nothing in
 the weights.
 
 The converter is llama.cpp commit 0c1e57098bba (ggml 0.25.3), the one llama-cpp-python 0.3.36's sdist
@@ -66,9 +66,12 @@ def convert(model_dir: Path, outfile: Path, name: str) -> None:
     # GLM's vocabulary reader takes its bos and eot from GLM's own special tokens ([gMASK], <|user|>),
     # which this vocabulary lacks; its GPT-2 reader writes the same token list without them.
     conversion.base.TextModel._set_vocab_glm = conversion.base.TextModel._set_vocab_gpt2
-    # Phi-3's reads SentencePiece's tokenizer.model unless tokenizer_config names GPT2Tokenizer (Phi-4's).
+    # Phi-3's and Gemma 2's read SentencePiece's tokenizer.model (Phi-3's unless tokenizer_config names
+    # GPT2Tokenizer, as Phi-4's does).
     import conversion.phi
     conversion.phi.Phi3MiniModel.set_vocab = conversion.base.TextModel._set_vocab_gpt2
+    import conversion.gemma
+    conversion.gemma.Gemma2Model.set_vocab = conversion.base.TextModel._set_vocab_gpt2
     argv = sys.argv
     sys.argv = ["convert_hf_to_gguf.py", str(model_dir), "--outtype", "f32", "--outfile", str(outfile),
                 "--model-name", name]
