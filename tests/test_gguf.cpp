@@ -399,10 +399,60 @@ TEST_CASE("GGUF: a Phi-3 file with LongRoPE's factors is refused naming the tens
   std::filesystem::remove(file);
 }
 
+TEST_CASE("GGUF: a DeepSeek-2 file with kv_b whole (older converters) loads the same, and one scoring with softmax "
+          "is refused", "[gguf][deepseek_v3]") {
+  const auto path = gguf_data("converted") / "deepseek_v3_mla_v5.gguf";
+  const auto split = GgufFile::open(path);
+  const auto model = from_pretrained(path);
+  const auto kv_b = model->named_parameters()["model.layers.0.self_attn.kv_b_proj.weight"];
+  // Older converters wrote kv_b_proj as one tensor and the per-head sizes as key_length / value_length.
+  std::vector<checkpoint::GgufTensorToWrite> tensors;
+  for (const auto& t : split->tensors()) {
+    if (t.name.find("attn_v_b") != std::string::npos) continue;
+    if (t.name.find("attn_k_b") != std::string::npos) {
+      const auto layer = t.name.substr(0, t.name.find(".attn_k_b"));
+      const auto whole = model->named_parameters()["model.layers." + layer.substr(4) + ".self_attn.kv_b_proj.weight"];
+      tensors.push_back({layer + ".attn_kv_b.weight", GgmlType::F32, whole.sizes().vec(), whole.clone()});
+      continue;
+    }
+    tensors.push_back({t.name, t.type, t.shape(), split->tensor(t.name)});
+  }
+  std::vector<std::pair<std::string, GgufValue>> older;
+  for (const auto& [key, value] : split->metadata()) {
+    if (key == "deepseek2.attention.key_length") {
+      older.emplace_back(key, GgufValue::of(uint32_t{24}));  // nope + rope
+    } else if (key == "deepseek2.attention.value_length") {
+      older.emplace_back(key, GgufValue::of(uint32_t{16}));
+    } else if (key.find("_mla") == std::string::npos) {
+      older.emplace_back(key, value);
+    }
+  }
+  const auto file = testutil::temp_file("deepseek2-kv-b.gguf");
+  checkpoint::save_gguf(file, older, tensors);
+  const auto whole = from_pretrained(file);
+  CHECK(at::equal(whole->named_parameters()["model.layers.0.self_attn.kv_b_proj.weight"], kv_b));
+  at::NoGradGuard no_grad;
+  ModelInputs in;
+  in.input_ids = at::arange(1, 9).unsqueeze(0);
+  CHECK(at::equal(whole->forward(in).logits, model->forward(in).logits));
+  // Without expert_gating_func llama.cpp scores experts with softmax (DeepSeek-V2's router).
+  std::vector<std::pair<std::string, GgufValue>> softmax;
+  for (const auto& [key, value] : split->metadata()) {
+    if (key != "deepseek2.expert_gating_func") softmax.emplace_back(key, value);
+  }
+  std::vector<checkpoint::GgufTensorToWrite> same;
+  for (const auto& t : split->tensors()) same.push_back({t.name, t.type, t.shape(), split->tensor(t.name)});
+  checkpoint::save_gguf(file, softmax, same);
+  CHECK_THROWS_WITH(from_pretrained(file), Contains("metadata 'deepseek2.expert_gating_func': missing: llama.cpp then "
+                                                    "scores experts with softmax"));
+  std::filesystem::remove(file);
+}
+
 TEST_CASE("GGUF: a file no family reads is refused naming its architecture and those that are read", "[gguf]") {
   REQUIRE_THROWS_WITH(from_pretrained(gguf_data("all_types_v3.gguf")),
                       Contains("general.architecture 'test' is not one torchpatch reads from GGUF files (it reads: "
-                               "gemma2, gemma3, glm4moe, granite, llama, olmo2, olmoe, qwen2, qwen2moe, qwen3, qwen3moe, smollm3)"));
+                               "deepseek2, gemma2, gemma3, glm4moe, granite, llama, olmo2, olmoe, qwen2, qwen2moe, qwen3, qwen3moe, "
+                               "smollm3)"));
   const auto r = testutil::torchpatch_cli("run --model " + gguf_data("all_types_v3.gguf").string() + " --prompt-ids 1,2");
   CHECK(r.code != 0);
   CHECK_THAT(r.out, Contains("general.architecture 'test'") && !Contains("Exception raised from"));

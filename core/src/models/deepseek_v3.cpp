@@ -183,6 +183,118 @@ std::shared_ptr<DeepseekV3Config> read_attention(const ConfigReader& f, DecoderC
   return own;
 }
 
+// -- llama.cpp's "deepseek2" files ---------------------------------------------------------------------
+//
+// Its converter writes multi-head latent attention as the multi-query attention its graph runs (one
+// key/value head of kv_lora_rank + qk_rope_head_dim: head_count_kv 1, key_length and value_length of
+// that form) and gives the per-head sizes as key_length_mla / value_length_mla; kv_b_proj is split in
+// attn_k_b and attn_v_b (older files hold attn_kv_b whole). The router's scoring is
+// expert_gating_func: without it llama.cpp runs softmax (DeepSeek-V2's).
+
+constexpr int64_t kSigmoidGating = 2;  // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
+
+nlohmann::json gguf_config(const GgufMetadata& m) {
+  auto c = gguf_decoder_config(m, "deepseek_v3", "DeepseekV3ForCausalLM");
+  const auto gating = m.integer_or("expert_gating_func");
+  if (gating != kSigmoidGating) {
+    m.fail(m.full("expert_gating_func"),
+           gating ? fmt::format("{}, where DeepSeek-V3's router is sigmoid ({})", *gating, kSigmoidGating)
+                  : std::string("missing: llama.cpp then scores experts with softmax (DeepSeek-V2's router), which "
+                                "torchpatch's DeepSeek-V3 does not run; a DeepSeek-V3 file says 2 (sigmoid)"));
+  }
+  c["num_key_value_heads"] = c["num_attention_heads"];  // MLA's heads, not the file's multi-query form
+  const auto rope = m.integer("rope.dimension_count");
+  c["qk_rope_head_dim"] = rope;
+  c["head_dim"] = rope;
+  c["qk_nope_head_dim"] = m.integer_or("attention.key_length_mla").value_or(m.integer("attention.key_length")) - rope;
+  c["v_head_dim"] = m.integer_or("attention.value_length_mla").value_or(m.integer("attention.value_length"));
+  c["kv_lora_rank"] = m.integer("attention.kv_lora_rank");
+  const auto q_lora = m.integer_or("attention.q_lora_rank");
+  c["q_lora_rank"] = q_lora ? nlohmann::json(*q_lora) : nlohmann::json();
+  c["rope_interleave"] = true;  // llama.cpp's deepseek2 rotates interleaved pairs, as the hub layout stores them
+  c["n_routed_experts"] = m.integer("expert_count");
+  c["num_experts_per_tok"] = m.integer("expert_used_count");
+  c["moe_intermediate_size"] = m.integer("expert_feed_forward_length");
+  c["n_shared_experts"] = m.integer("expert_shared_count");
+  c["first_k_dense_replace"] = m.integer_or("leading_dense_block_count").value_or(0);
+  c["routed_scaling_factor"] = m.number_or("expert_weights_scale").value_or(1.0);
+  c["norm_topk_prob"] = m.boolean_or("expert_weights_norm").value_or(false);  // llama.cpp's default
+  c["n_group"] = m.integer_or("expert_group_count").value_or(1);
+  c["topk_group"] = m.integer_or("expert_group_used_count").value_or(1);
+  return c;
+}
+
+std::vector<std::pair<std::string, checkpoint::GgufValue>> gguf_metadata(const nlohmann::json& c, const ModelConfig& config) {
+  using checkpoint::GgufValue;
+  const std::string source = "deepseek_v3 as GGUF architecture 'deepseek2'";
+  const auto& own = config.family_fields<DeepseekV3Config>();
+  const auto& moe = config.decoder.moe;
+  if (!own.rope_interleave) {
+    throw ConfigError(source + ": rope_interleave false (llama.cpp's deepseek2 rotates interleaved pairs)");
+  }
+  if (moe.decoder_sparse_step != 1 || !moe.mlp_only_layers.empty() || moe.moe_intermediate_size <= 0 ||
+      moe.shared_expert_intermediate_size % moe.moe_intermediate_size != 0) {
+    throw ConfigError(fmt::format("{}: dense layers among the sparse ones or shared experts that are not whole "
+                                  "experts; llama.cpp's deepseek2 has dense layers only first (first_k_dense_replace)",
+                                  source));
+  }
+  const auto u32 = [](int64_t v) { return GgufValue::of(static_cast<uint32_t>(v)); };
+  auto m = gguf_decoder_metadata("deepseek2", c);
+  for (auto& [key, value] : m) {
+    if (key == "deepseek2.attention.head_count_kv") value = u32(1);
+    if (key == "deepseek2.attention.key_length") value = u32(own.kv_lora_rank + own.qk_rope_head_dim);
+    if (key == "deepseek2.attention.value_length") value = u32(own.kv_lora_rank);
+    if (key == "deepseek2.rope.dimension_count") value = u32(own.qk_rope_head_dim);
+  }
+  if (own.q_lora_rank > 0) m.emplace_back("deepseek2.attention.q_lora_rank", u32(own.q_lora_rank));
+  m.emplace_back("deepseek2.attention.kv_lora_rank", u32(own.kv_lora_rank));
+  m.emplace_back("deepseek2.attention.key_length_mla", u32(own.qk_head_dim()));
+  m.emplace_back("deepseek2.attention.value_length_mla", u32(own.v_head_dim));
+  m.emplace_back("deepseek2.leading_dense_block_count", u32(moe.first_k_dense_replace));
+  m.emplace_back("deepseek2.expert_count", u32(moe.num_experts));
+  m.emplace_back("deepseek2.expert_used_count", u32(moe.num_experts_per_tok));
+  m.emplace_back("deepseek2.expert_group_count", u32(moe.n_group));
+  m.emplace_back("deepseek2.expert_group_used_count", u32(moe.topk_group));
+  m.emplace_back("deepseek2.expert_feed_forward_length", u32(moe.moe_intermediate_size));
+  m.emplace_back("deepseek2.expert_shared_count", u32(moe.shared_expert_intermediate_size / moe.moe_intermediate_size));
+  m.emplace_back("deepseek2.expert_weights_scale", GgufValue::of(static_cast<float>(moe.routed_scaling_factor)));
+  m.emplace_back("deepseek2.expert_weights_norm", GgufValue::of(moe.norm_topk_prob));
+  m.emplace_back("deepseek2.expert_gating_func", u32(kSigmoidGating));
+  return m;
+}
+
+GgufArchitecture gguf_architecture(const std::function<ModelConfig(const nlohmann::json&, const std::string&)>& parse) {
+  using T = GgufTensorTransform;
+  constexpr bool kProjection = true;
+  GgufArchitecture a;
+  a.names = {"deepseek2"};
+  a.config = gguf_config;
+  for (auto& n : gguf_decoder_tensor_names(/*permuted_qk=*/false)) {
+    if (n.hub.find(".self_attn.") == std::string::npos) a.tensors.push_back(std::move(n));  // MLA's below
+  }
+  const std::string attn = "model.layers.{}.self_attn.";
+  a.tensors.push_back({"blk.{}.attn_q_a.weight", attn + "q_a_proj.weight", T::kNone, kProjection});
+  a.tensors.push_back({"blk.{}.attn_q_a_norm.weight", attn + "q_a_layernorm.weight"});
+  a.tensors.push_back({"blk.{}.attn_q_b.weight", attn + "q_b_proj.weight", T::kNone, kProjection});
+  a.tensors.push_back({"blk.{}.attn_q.weight", attn + "q_proj.weight", T::kNone, kProjection});
+  a.tensors.push_back({"blk.{}.attn_kv_a_mqa.weight", attn + "kv_a_proj_with_mqa.weight", T::kNone, kProjection});
+  a.tensors.push_back({"blk.{}.attn_kv_a_norm.weight", attn + "kv_a_layernorm.weight"});
+  // Saving writes the split form (the first rule for kv_b_proj), as the converter does now.
+  a.tensors.push_back({"blk.{}.attn_k_b.weight", attn + "kv_b_proj.weight", T::kJoinMlaKvB, false, "blk.{}.attn_v_b.weight"});
+  a.tensors.push_back({"blk.{}.attn_kv_b.weight", attn + "kv_b_proj.weight", T::kNone, kProjection});
+  a.tensors.push_back({"blk.{}.attn_output.weight", attn + "o_proj.weight", T::kNone, kProjection});
+  for (auto& n : gguf_expert_tensor_names()) a.tensors.push_back(std::move(n));
+  a.tensors.push_back({"blk.{}.exp_probs_b.bias", "model.layers.{}.mlp.gate.e_score_correction_bias"});
+  for (const auto& [gguf, hub] : {std::pair{"gate", "gate_proj"}, std::pair{"up", "up_proj"}, std::pair{"down", "down_proj"}}) {
+    a.tensors.push_back({fmt::format("blk.{{}}.ffn_{}_shexp.weight", gguf),
+                         fmt::format("model.layers.{{}}.mlp.shared_experts.{}.weight", hub), T::kNone, kProjection});
+  }
+  a.metadata = [parse](const nlohmann::json& c) {
+    return gguf_metadata(c, parse(c, "deepseek_v3 as GGUF architecture 'deepseek2'"));
+  };
+  return a;
+}
+
 }  // namespace
 
 Family family() {
@@ -226,6 +338,7 @@ Family family() {
                {"num_experts_per_tok", 2}, {"moe_intermediate_size", 32}, {"n_shared_experts", 1}, {"n_group", 2},
                {"topk_group", 1}, {"first_k_dense_replace", 1}, {"routed_scaling_factor", 2.5}});
   family.presets = {{"tiny-deepseek-v3", tiny}};
+  family.gguf = gguf_architecture(family.parse_config);
   return family;
 }
 

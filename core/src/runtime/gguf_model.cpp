@@ -27,8 +27,9 @@ using checkpoint::GgufTensorInfo;
 namespace {
 
 // The rule of `names` that GGUF tensor `name` matches, with its hub name in `hub` (the layer number in
-// place of {}); nullptr when none does.
-const GgufTensorName* naming_rule(const std::string& name, const std::vector<GgufTensorName>& names, std::string& hub) {
+// place of {}, that number in `layer`); nullptr when none does.
+const GgufTensorName* naming_rule(const std::string& name, const std::vector<GgufTensorName>& names, std::string& hub,
+                                  std::string* layer_of = nullptr) {
   for (const auto& rule : names) {
     const auto brace = rule.gguf.find("{}");
     if (brace == std::string::npos) {
@@ -44,6 +45,7 @@ const GgufTensorName* naming_rule(const std::string& name, const std::vector<Ggu
     const auto layer = name.substr(head.size(), name.size() - head.size() - tail.size());
     if (layer.find_first_not_of("0123456789") != std::string::npos) continue;
     hub = fmt::format(fmt::runtime(rule.hub), layer);
+    if (layer_of != nullptr) *layer_of = layer;
     return &rule;
   }
   return nullptr;
@@ -68,18 +70,30 @@ class GgufWeights final : public checkpoint::TensorSource {
   struct Entry {
     const GgufTensorInfo* gguf;
     GgufTensorTransform transform;
-    int64_t expert = -1;  // the expert of a stacked experts tensor this hub tensor is; -1: the whole tensor
+    int64_t expert = -1;                     // the expert of a stacked experts tensor this hub tensor is; -1: the whole tensor
+    const GgufTensorInfo* second = nullptr;  // the other tensor of a joined pair (kJoinMlaKvB)
   };
 
   // `blocks`: the hub names served as the file's blocks (uint8 rows) rather than dequantized.
   GgufWeights(std::shared_ptr<const GgufFile> file, const std::vector<GgufTensorName>& names, int64_t heads,
               int64_t kv_heads, std::set<std::string> blocks)
       : file_(std::move(file)), heads_(heads), kv_heads_(kv_heads), blocks_(std::move(blocks)) {
+    std::set<std::string> seconds;  // read with the first of their pair
     for (const auto& t : file_->tensors()) {
-      std::string hub = t.name;
-      const auto* rule = naming_rule(t.name, names, hub);
+      std::string hub, layer;
+      const auto* rule = naming_rule(t.name, names, hub, &layer);
+      if (rule != nullptr && !rule->second.empty()) seconds.insert(fmt::format(fmt::runtime(rule->second), layer));
+    }
+    for (const auto& t : file_->tensors()) {
+      if (seconds.count(t.name)) continue;
+      std::string hub = t.name, layer;
+      const auto* rule = naming_rule(t.name, names, hub, &layer);
       if (rule != nullptr && rule->stacks_experts()) {
         add_experts(t, hub, rule->transform);
+        continue;
+      }
+      if (rule != nullptr && !rule->second.empty()) {
+        add_joined(t, hub, fmt::format(fmt::runtime(rule->second), layer));
         continue;
       }
       checkpoint::TensorInfo info;
@@ -107,7 +121,8 @@ class GgufWeights final : public checkpoint::TensorSource {
   at::Tensor tensor(const std::string& name) const override {
     const auto it = entries_.find(name);
     if (it == entries_.end()) throw CheckpointError(fmt::format("{}: no tensor named '{}'", path().string(), name));
-    const auto& [gguf, transform, expert] = it->second;
+    const auto& [gguf, transform, expert, second] = it->second;
+    if (transform == GgufTensorTransform::kJoinMlaKvB) return joined_kv_b(*gguf, *second);
     auto t = expert >= 0 ? expert_tensor(*gguf, expert)
                          : blocks_.count(name) ? file_->raw(gguf->name) : file_->tensor(gguf->name);
     if (!blocks_.count(name) && t.scalar_type() != at::kFloat) t = t.to(at::kFloat);
@@ -116,6 +131,7 @@ class GgufWeights final : public checkpoint::TensorSource {
       case GgufTensorTransform::kUnpermuteQ: return unpermute(t, heads_, gguf->name, path());
       case GgufTensorTransform::kUnpermuteK: return unpermute(t, kv_heads_, gguf->name, path());
       case GgufTensorTransform::kUnitOffset: return t - 1;  // the file holds Gemma's 1 + w
+      case GgufTensorTransform::kJoinMlaKvB: break;          // read above
     }
     return t;
   }
@@ -154,6 +170,40 @@ class GgufWeights final : public checkpoint::TensorSource {
       info.end = info.begin + bytes;
       add(Entry{&t, transform, e}, std::move(info));
     }
+  }
+
+  // kv_b_proj [H (nope + v), kv_lora] from attn_k_b `k` [H, kv_lora, nope] and attn_v_b `v` [H, v, kv_lora]
+  // (LibTorch's order of the GGUF dims), after checking that they are the two halves of one.
+  static std::vector<int64_t> joined_shape(const GgufTensorInfo& k, const GgufTensorInfo& v, const fs::path& path) {
+    const auto ks = k.shape(), vs = v.shape();
+    if (ks.size() != 3 || vs.size() != 3 || ks[0] != vs[0] || ks[1] != vs[2]) {
+      throw CheckpointError(fmt::format("{}: tensors '{}' [{}] and '{}' [{}] are not the key and value halves of one "
+                                        "kv_b_proj ([heads, kv_lora_rank, nope] and [heads, v, kv_lora_rank])",
+                                        path.string(), printable(k.name), fmt::join(ks, ", "), printable(v.name),
+                                        fmt::join(vs, ", ")));
+    }
+    return {ks[0] * (ks[2] + vs[1]), ks[1]};
+  }
+
+  void add_joined(const GgufTensorInfo& k, const std::string& hub, const std::string& second) {
+    const auto* v = file_->find(second);
+    if (v == nullptr) {
+      throw CheckpointError(fmt::format("{}: tensor '{}' has no '{}' beside it: the two make one kv_b_proj",
+                                        file_->path().string(), printable(k.name), printable(second)));
+    }
+    checkpoint::TensorInfo info;
+    info.name = hub;
+    info.dtype = checkpoint::Dtype::F32;
+    info.shape = joined_shape(k, *v, file_->path());
+    info.begin = k.begin;
+    info.end = k.begin + (k.end - k.begin) + (v->end - v->begin);  // for progress: both tensors' bytes
+    add(Entry{&k, GgufTensorTransform::kJoinMlaKvB, -1, v}, std::move(info));
+  }
+
+  at::Tensor joined_kv_b(const GgufTensorInfo& k, const GgufTensorInfo& v) const {
+    const auto shape = joined_shape(k, v, path());
+    const auto keys = file_->tensor(k.name).to(at::kFloat), values = file_->tensor(v.name).to(at::kFloat);
+    return at::cat({keys.transpose(1, 2), values}, 1).reshape(shape).contiguous();
   }
 
   // Expert `e` of a stacked tensor: F32 (and integer types) viewed, other types dequantized alone,
@@ -338,6 +388,27 @@ at::Tensor stacked(const std::string& gguf_name, const ExpertStack& stack) {
   return at::stack(experts);
 }
 
+// kv_b_proj [H (nope + v), kv_lora] as llama.cpp's DeepSeek-2 converter writes it: attn_k_b (each
+// head's key rows transposed, [H, kv_lora, nope]) and attn_v_b ([H, v, kv_lora]), float32.
+std::vector<checkpoint::GgufTensorToWrite> split_kv_b(const std::string& name, const at::Tensor& value,
+                                                      const nlohmann::json& config, const std::string& k_name,
+                                                      const std::string& v_name) {
+  const auto heads = config.value("num_attention_heads", int64_t{0});
+  const auto nope = config.value("qk_nope_head_dim", int64_t{0});
+  if (!at::isFloatingType(value.scalar_type()) || value.dim() != 2 || heads <= 0 || nope <= 0 ||
+      value.size(0) % heads != 0 || value.size(0) / heads <= nope) {
+    throw ConfigError(fmt::format("{}: a {} tensor [{}] is not float rows of {} heads of {} key rows and value rows "
+                                  "(kv_b_proj is written to GGUF files from float weights: load with --dequantize, "
+                                  "or without --quantize)",
+                                  name, c10::toString(value.scalar_type()), fmt::join(value.sizes(), ", "), heads, nope));
+  }
+  const auto per_head = value.to(at::kFloat).cpu().reshape({heads, value.size(0) / heads, value.size(1)});
+  const auto keys = per_head.narrow(1, 0, nope).transpose(1, 2).contiguous();
+  const auto values = per_head.narrow(1, nope, per_head.size(1) - nope).contiguous();
+  return {{k_name, checkpoint::GgmlType::F32, keys.sizes().vec(), keys},
+          {v_name, checkpoint::GgmlType::F32, values.sizes().vec(), values}};
+}
+
 }  // namespace
 
 GgufSaveReport save_gguf_model(const PretrainedModel& model, const fs::path& file, const FamilyRegistry& families,
@@ -395,6 +466,14 @@ GgufSaveReport save_gguf_model(const PretrainedModel& model, const fs::path& fil
       throw ConfigError(fmt::format("{}: experts held as quantized blocks are written to GGUF files only as float "
                                     "(load it with --dequantize, or without --quantize)",
                                     name));
+    }
+    if (it->second->transform == GgufTensorTransform::kJoinMlaKvB) {
+      for (auto& half : split_kv_b(name, value, config, fmt::format(fmt::runtime(it->second->gguf), layer),
+                                   fmt::format(fmt::runtime(it->second->second), layer))) {
+        ++report.types["F32"];
+        tensors.push_back(std::move(half));
+      }
+      continue;
     }
     at::Tensor data;
     const auto type = type_of(name, value.cpu(), model, data);

@@ -96,6 +96,10 @@ def main() -> None:
             for name in ("config.json", "generation_config.json", "model.safetensors"):
                 if (source / name).is_file():
                     shutil.copy(source / name, model_dir / name)
+            if "converter_config" in case:  # fields the real checkpoints' config.json has and the case's lacks
+                config = json.loads((model_dir / "config.json").read_text())
+                config.update(case["converter_config"])
+                (model_dir / "config.json").write_text(json.dumps(config, indent=2))
             byte_level_tokenizer(model_dir)
             outfile = OUT / case["file"]
             convert(model_dir, outfile, case["case"])

@@ -61,6 +61,10 @@ enum class GgufTensorTransform {
   /// the file's bytes back; the loaded w can differ from the original checkpoint's in its lowest bits
   /// (1 + w rounded them away), while 1 + w, what the norm multiplies by, is the file's value exactly.
   kUnitOffset,
+  /// llama.cpp's DeepSeek-2 converter splits multi-head latent attention's kv_b_proj [H (nope + v),
+  /// kv_lora] into two tensors: `gguf` (attn_k_b, each head's key rows transposed: [H, kv_lora, nope])
+  /// and GgufTensorName::second (attn_v_b, [H, v, kv_lora]); loading joins them, saving splits again.
+  kJoinMlaKvB,
 };
 
 /// One naming rule: `gguf` and `hub` are names where `{}` stands for the layer number.
@@ -76,6 +80,8 @@ struct TORCHPATCH_API GgufTensorName {
   /// quantization method multiplies its type (runtime/gguf_model.h). Stacked experts never are:
   /// they load as float32.
   bool projection = false;
+  /// The second GGUF tensor the hub tensor is made of, `{}` for the layer (kJoinMlaKvB); empty for one.
+  std::string second = {};
   /// Whether `hub` has the `*` of stacked experts.
   bool stacks_experts() const { return hub.find(".*.") != std::string::npos; }
 };
