@@ -451,8 +451,8 @@ TEST_CASE("GGUF: a DeepSeek-2 file with kv_b whole (older converters) loads the 
 TEST_CASE("GGUF: a file no family reads is refused naming its architecture and those that are read", "[gguf]") {
   REQUIRE_THROWS_WITH(from_pretrained(gguf_data("all_types_v3.gguf")),
                       Contains("general.architecture 'test' is not one torchpatch reads from GGUF files (it reads: "
-                               "deepseek2, gemma2, gemma3, glm4moe, granite, llama, olmo2, olmoe, qwen2, qwen2moe, qwen3, qwen3moe, "
-                               "smollm3)"));
+                               "deepseek2, gemma2, gemma3, glm4moe, gpt-oss, granite, llama, olmo2, olmoe, qwen2, qwen2moe, "
+                               "qwen3, qwen3moe, smollm3)"));
   const auto r = testutil::torchpatch_cli("run --model " + gguf_data("all_types_v3.gguf").string() + " --prompt-ids 1,2");
   CHECK(r.code != 0);
   CHECK_THAT(r.out, Contains("general.architecture 'test'") && !Contains("Exception raised from"));

@@ -96,6 +96,24 @@ int64_t vocab_size(const GgufMetadata& m) {
   m.fail(m.full("vocab_size"), "missing, and the file has neither tokenizer.ggml.tokens nor token_embd.weight");
 }
 
+// YaRN as llama.cpp reads it: factor, the original context, the betas (32 and 1 by default); the
+// keys that scale attention besides (DeepSeek's log multiplier, an explicit attention factor) are not
+// read yet, and refused.
+nlohmann::json gguf_yarn(const GgufMetadata& m) {
+  for (const char* key : {"rope.scaling.yarn_log_multiplier", "rope.scaling.yarn_attn_factor", "rope.scaling.yarn_ext_factor",
+                          "rope.scaling.attn_factor"}) {
+    if (m.has(key)) m.fail(m.full(key), "a YaRN parameter torchpatch does not read from GGUF files yet");
+  }
+  nlohmann::json y{{"rope_type", "yarn"},
+                   {"factor", m.number("rope.scaling.factor")},
+                   {"beta_fast", m.number_or("rope.scaling.yarn_beta_fast").value_or(32.0)},
+                   {"beta_slow", m.number_or("rope.scaling.yarn_beta_slow").value_or(1.0)}};
+  if (const auto original = m.integer_or("rope.scaling.original_context_length")) {
+    y["original_max_position_embeddings"] = *original;
+  }
+  return y;
+}
+
 }  // namespace
 
 nlohmann::json gguf_decoder_config(const GgufMetadata& m, const std::string& model_type, const std::string& causal_lm) {
@@ -117,10 +135,14 @@ nlohmann::json gguf_decoder_config(const GgufMetadata& m, const std::string& mod
     if (heads > 0 && *key_length != c["hidden_size"].get<int64_t>() / heads) c["head_dim"] = *key_length;
   }
   if (const auto scaling = m.text_or("rope.scaling.type"); scaling && *scaling != "none") {
-    if (*scaling != "linear") {
-      m.fail(m.full("rope.scaling.type"), fmt::format("'{}' RoPE scaling is not read from GGUF files yet (linear is)", *scaling));
+    if (*scaling == "linear") {
+      c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", m.number("rope.scaling.factor")}};
+    } else if (*scaling == "yarn") {
+      c["rope_scaling"] = gguf_yarn(m);
+    } else {
+      m.fail(m.full("rope.scaling.type"),
+             fmt::format("'{}' RoPE scaling is not read from GGUF files yet (linear and yarn are)", *scaling));
     }
-    c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", m.number("rope.scaling.factor")}};
   }
   if (m.file().find("rope_freqs.weight") != nullptr) {
     throw ConfigError(fmt::format("{}: tensor 'rope_freqs.weight': the file scales its RoPE frequencies by a tensor "
@@ -300,11 +322,29 @@ std::vector<std::pair<std::string, GgufValue>> gguf_decoder_metadata(const std::
   };
   const auto scaling = gguf_full_attention_rope(c);
   const auto type = scaling.is_object() ? scaling.value("rope_type", scaling.value("type", std::string("default"))) : "default";
-  if (type == "linear") {
-    m.emplace_back(arch + ".rope.scaling.type", GgufValue::of(std::string("linear")));
+  if (type == "linear" || type == "yarn") {
+    m.emplace_back(arch + ".rope.scaling.type", GgufValue::of(type));
     m.emplace_back(arch + ".rope.scaling.factor", GgufValue::of(static_cast<float>(scaling.value("factor", 1.0))));
   } else if (type != "default") {
-    throw ConfigError(fmt::format("{}: rope_type '{}' is not written to GGUF files yet (default and linear are)", source, type));
+    throw ConfigError(fmt::format("{}: rope_type '{}' is not written to GGUF files yet (default, linear and yarn are)",
+                                  source, type));
+  }
+  if (type == "yarn") {
+    for (const char* field : {"attention_factor", "mscale", "mscale_all_dim"}) {
+      if (scaling.contains(field) && !scaling[field].is_null()) {
+        throw ConfigError(fmt::format("{}: YaRN's {} is not written to GGUF files yet", source, field));
+      }
+    }
+    if (!scaling.value("truncate", true)) {
+      throw ConfigError(fmt::format("{}: YaRN with truncate false (llama.cpp rounds the correction range to whole "
+                                    "dimensions)",
+                                    source));
+    }
+    if (const auto original = scaling.value("original_max_position_embeddings", int64_t{0}); original > 0) {
+      m.emplace_back(arch + ".rope.scaling.original_context_length", GgufValue::of(static_cast<uint32_t>(original)));
+    }
+    m.emplace_back(arch + ".rope.scaling.yarn_beta_fast", GgufValue::of(static_cast<float>(scaling.value("beta_fast", 32.0))));
+    m.emplace_back(arch + ".rope.scaling.yarn_beta_slow", GgufValue::of(static_cast<float>(scaling.value("beta_slow", 1.0))));
   }
   for (const auto& [field, key] : {std::pair{"bos_token_id", "tokenizer.ggml.bos_token_id"},
                                    std::pair{"eos_token_id", "tokenizer.ggml.eos_token_id"},

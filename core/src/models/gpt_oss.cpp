@@ -101,6 +101,72 @@ class GptOssForCausalLM : public DecoderForCausalLM {
   explicit GptOssForCausalLM(const BuildContext& ctx) : DecoderForCausalLM(ctx, spec()) {}
 };
 
+// -- llama.cpp's "gpt-oss" files ---------------------------------------------------------------------
+//
+// Its converter splits the fused experts: gate_up_proj [E, H, 2I] (gate and up interleaved by column)
+// into ffn_gate_exps and ffn_up_exps [E, I, H], down_proj [E, I, H] transposed into ffn_down_exps,
+// and their biases likewise; the sinks are attn_sinks. Released files hold the experts as MXFP4,
+// which torchpatch does not read yet (a file of float experts, as the converter writes from a float
+// checkpoint, loads).
+
+nlohmann::json gguf_config(const GgufMetadata& m) {
+  auto c = gguf_decoder_config(m, "gpt_oss", "GptOssForCausalLM");
+  const auto layers = c["num_hidden_layers"].get<int64_t>();
+  c["num_local_experts"] = m.integer("expert_count");
+  c["num_experts_per_tok"] = m.integer("expert_used_count");
+  c["intermediate_size"] = m.integer("expert_feed_forward_length");
+  c["head_dim"] = m.integer("attention.key_length");
+  c["attention_bias"] = true;
+  c["sliding_window"] = m.integer("attention.sliding_window");
+  c["layer_types"] = gguf_layer_types(m, layers, 2);  // llama.cpp's default: every other layer slides
+  // GPT-OSS's YaRN keeps the correction range unrounded; the file has no key for it.
+  if (c.contains("rope_scaling")) c["rope_scaling"]["truncate"] = false;
+  return c;
+}
+
+std::vector<std::pair<std::string, checkpoint::GgufValue>> gguf_metadata(const nlohmann::json& c) {
+  auto hub = c;
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    if (hub.contains(key) && hub[key].is_object()) hub[key].erase("truncate");  // what llama.cpp's gpt-oss assumes
+  }
+  const auto u32 = [](int64_t v) { return checkpoint::GgufValue::of(static_cast<uint32_t>(v)); };
+  auto m = gguf_decoder_metadata("gpt-oss", hub);
+  m.emplace_back("gpt-oss.expert_count", u32(c.value("num_local_experts", int64_t{0})));
+  m.emplace_back("gpt-oss.expert_used_count", u32(c.value("num_experts_per_tok", int64_t{0})));
+  m.emplace_back("gpt-oss.expert_feed_forward_length", u32(c.value("intermediate_size", int64_t{0})));
+  m.emplace_back("gpt-oss.attention.sliding_window", u32(c.value("sliding_window", int64_t{0})));
+  if (const auto pattern = c.contains("layer_types") && c["layer_types"].is_array()
+                               ? gguf_sliding_pattern(c["layer_types"].get<std::vector<std::string>>(), 2)
+                               : std::nullopt) {
+    m.emplace_back("gpt-oss.attention.sliding_window_pattern", *pattern);
+  }
+  return m;
+}
+
+GgufArchitecture gguf_architecture() {
+  using T = GgufTensorTransform;
+  GgufArchitecture a;
+  a.names = {"gpt-oss"};
+  a.config = gguf_config;
+  for (auto& n : gguf_decoder_tensor_names(/*permuted_qk=*/false)) {
+    if (n.hub.find(".mlp.") != std::string::npos) continue;  // its experts, below
+    if (n.gguf == "blk.{}.ffn_norm.weight") n.gguf = "blk.{}.post_attention_norm.weight";
+    a.tensors.push_back(std::move(n));
+  }
+  const std::string mlp = "model.layers.{}.mlp.";
+  a.tensors.push_back({"blk.{}.attn_sinks.weight", "model.layers.{}.self_attn.sinks"});
+  a.tensors.push_back({"blk.{}.ffn_gate_inp.weight", mlp + "router.weight"});
+  a.tensors.push_back({"blk.{}.ffn_gate_inp.bias", mlp + "router.bias"});
+  a.tensors.push_back({"blk.{}.ffn_gate_exps.weight", mlp + "experts.gate_up_proj", T::kJoinInterleavedTransposed, false,
+                       "blk.{}.ffn_up_exps.weight"});
+  a.tensors.push_back({"blk.{}.ffn_gate_exps.bias", mlp + "experts.gate_up_proj_bias", T::kJoinInterleaved, false,
+                       "blk.{}.ffn_up_exps.bias"});
+  a.tensors.push_back({"blk.{}.ffn_down_exps.weight", mlp + "experts.down_proj", T::kTransposeStacked});
+  a.tensors.push_back({"blk.{}.ffn_down_exps.bias", mlp + "experts.down_proj_bias"});
+  a.metadata = gguf_metadata;
+  return a;
+}
+
 }  // namespace
 
 Family family() {
@@ -145,6 +211,7 @@ Family family() {
   tiny.update({{"head_dim", 16}, {"intermediate_size", 32}, {"num_local_experts", 4}, {"num_experts_per_tok", 2},
                {"sliding_window", 8}, {"attention_bias", true}});
   family.presets = {{"tiny-gpt-oss", tiny}};
+  family.gguf = gguf_architecture();
   return family;
 }
 

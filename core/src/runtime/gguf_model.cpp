@@ -17,6 +17,7 @@
 #include "torchpatch/nn/linear.h"
 #include "torchpatch/nn/quant.h"
 #include "torchpatch/printable.h"
+#include "runtime/gguf_tensor_pairs.h"
 
 namespace torchpatch {
 
@@ -71,7 +72,7 @@ class GgufWeights final : public checkpoint::TensorSource {
     const GgufTensorInfo* gguf;
     GgufTensorTransform transform;
     int64_t expert = -1;                     // the expert of a stacked experts tensor this hub tensor is; -1: the whole tensor
-    const GgufTensorInfo* second = nullptr;  // the other tensor of a joined pair (kJoinMlaKvB)
+    const GgufTensorInfo* second = nullptr;  // the other tensor of a joined pair (kJoin*)
   };
 
   // `blocks`: the hub names served as the file's blocks (uint8 rows) rather than dequantized.
@@ -93,7 +94,7 @@ class GgufWeights final : public checkpoint::TensorSource {
         continue;
       }
       if (rule != nullptr && !rule->second.empty()) {
-        add_joined(t, hub, fmt::format(fmt::runtime(rule->second), layer));
+        add_joined(t, hub, fmt::format(fmt::runtime(rule->second), layer), rule->transform);
         continue;
       }
       checkpoint::TensorInfo info;
@@ -103,6 +104,9 @@ class GgufWeights final : public checkpoint::TensorSource {
       if (blocks_.count(hub)) {
         const auto& type = checkpoint::ggml_type_info(t.type);
         info.shape.back() = info.shape.back() / type.block_size * type.type_size;
+      }
+      if (rule != nullptr && rule->transform == GgufTensorTransform::kTransposeStacked && info.shape.size() >= 2) {
+        std::swap(info.shape[info.shape.size() - 1], info.shape[info.shape.size() - 2]);
       }
       info.begin = t.begin;
       info.end = t.end;
@@ -122,7 +126,9 @@ class GgufWeights final : public checkpoint::TensorSource {
     const auto it = entries_.find(name);
     if (it == entries_.end()) throw CheckpointError(fmt::format("{}: no tensor named '{}'", path().string(), name));
     const auto& [gguf, transform, expert, second] = it->second;
-    if (transform == GgufTensorTransform::kJoinMlaKvB) return joined_kv_b(*gguf, *second);
+    if (second != nullptr) {
+      return gguf_pairs::join(transform, file_->tensor(gguf->name).to(at::kFloat), file_->tensor(second->name).to(at::kFloat));
+    }
     auto t = expert >= 0 ? expert_tensor(*gguf, expert)
                          : blocks_.count(name) ? file_->raw(gguf->name) : file_->tensor(gguf->name);
     if (!blocks_.count(name) && t.scalar_type() != at::kFloat) t = t.to(at::kFloat);
@@ -131,7 +137,10 @@ class GgufWeights final : public checkpoint::TensorSource {
       case GgufTensorTransform::kUnpermuteQ: return unpermute(t, heads_, gguf->name, path());
       case GgufTensorTransform::kUnpermuteK: return unpermute(t, kv_heads_, gguf->name, path());
       case GgufTensorTransform::kUnitOffset: return t - 1;  // the file holds Gemma's 1 + w
-      case GgufTensorTransform::kJoinMlaKvB: break;          // read above
+      case GgufTensorTransform::kTransposeStacked: return t.transpose(-1, -2).contiguous();
+      case GgufTensorTransform::kJoinMlaKvB:
+      case GgufTensorTransform::kJoinInterleavedTransposed:
+      case GgufTensorTransform::kJoinInterleaved: break;  // read above
     }
     return t;
   }
@@ -172,38 +181,21 @@ class GgufWeights final : public checkpoint::TensorSource {
     }
   }
 
-  // kv_b_proj [H (nope + v), kv_lora] from attn_k_b `k` [H, kv_lora, nope] and attn_v_b `v` [H, v, kv_lora]
-  // (LibTorch's order of the GGUF dims), after checking that they are the two halves of one.
-  static std::vector<int64_t> joined_shape(const GgufTensorInfo& k, const GgufTensorInfo& v, const fs::path& path) {
-    const auto ks = k.shape(), vs = v.shape();
-    if (ks.size() != 3 || vs.size() != 3 || ks[0] != vs[0] || ks[1] != vs[2]) {
-      throw CheckpointError(fmt::format("{}: tensors '{}' [{}] and '{}' [{}] are not the key and value halves of one "
-                                        "kv_b_proj ([heads, kv_lora_rank, nope] and [heads, v, kv_lora_rank])",
-                                        path.string(), printable(k.name), fmt::join(ks, ", "), printable(v.name),
-                                        fmt::join(vs, ", ")));
-    }
-    return {ks[0] * (ks[2] + vs[1]), ks[1]};
-  }
-
-  void add_joined(const GgufTensorInfo& k, const std::string& hub, const std::string& second) {
-    const auto* v = file_->find(second);
-    if (v == nullptr) {
-      throw CheckpointError(fmt::format("{}: tensor '{}' has no '{}' beside it: the two make one kv_b_proj",
-                                        file_->path().string(), printable(k.name), printable(second)));
+  // A hub tensor made of GGUF tensors `first` and the one named `second` (gguf_pairs).
+  void add_joined(const GgufTensorInfo& first, const std::string& hub, const std::string& second,
+                  GgufTensorTransform transform) {
+    const auto* other = file_->find(second);
+    if (other == nullptr) {
+      throw CheckpointError(fmt::format("{}: tensor '{}' has no '{}' beside it: the two make one tensor, '{}'",
+                                        file_->path().string(), printable(first.name), printable(second), hub));
     }
     checkpoint::TensorInfo info;
     info.name = hub;
     info.dtype = checkpoint::Dtype::F32;
-    info.shape = joined_shape(k, *v, file_->path());
-    info.begin = k.begin;
-    info.end = k.begin + (k.end - k.begin) + (v->end - v->begin);  // for progress: both tensors' bytes
-    add(Entry{&k, GgufTensorTransform::kJoinMlaKvB, -1, v}, std::move(info));
-  }
-
-  at::Tensor joined_kv_b(const GgufTensorInfo& k, const GgufTensorInfo& v) const {
-    const auto shape = joined_shape(k, v, path());
-    const auto keys = file_->tensor(k.name).to(at::kFloat), values = file_->tensor(v.name).to(at::kFloat);
-    return at::cat({keys.transpose(1, 2), values}, 1).reshape(shape).contiguous();
+    info.shape = gguf_pairs::joined_shape(transform, first.name, first.shape(), other->name, other->shape(), path());
+    info.begin = first.begin;
+    info.end = first.begin + (first.end - first.begin) + (other->end - other->begin);  // for progress: both tensors' bytes
+    add(Entry{&first, transform, -1, other}, std::move(info));
   }
 
   // Expert `e` of a stacked tensor: F32 (and integer types) viewed, other types dequantized alone,
@@ -388,27 +380,6 @@ at::Tensor stacked(const std::string& gguf_name, const ExpertStack& stack) {
   return at::stack(experts);
 }
 
-// kv_b_proj [H (nope + v), kv_lora] as llama.cpp's DeepSeek-2 converter writes it: attn_k_b (each
-// head's key rows transposed, [H, kv_lora, nope]) and attn_v_b ([H, v, kv_lora]), float32.
-std::vector<checkpoint::GgufTensorToWrite> split_kv_b(const std::string& name, const at::Tensor& value,
-                                                      const nlohmann::json& config, const std::string& k_name,
-                                                      const std::string& v_name) {
-  const auto heads = config.value("num_attention_heads", int64_t{0});
-  const auto nope = config.value("qk_nope_head_dim", int64_t{0});
-  if (!at::isFloatingType(value.scalar_type()) || value.dim() != 2 || heads <= 0 || nope <= 0 ||
-      value.size(0) % heads != 0 || value.size(0) / heads <= nope) {
-    throw ConfigError(fmt::format("{}: a {} tensor [{}] is not float rows of {} heads of {} key rows and value rows "
-                                  "(kv_b_proj is written to GGUF files from float weights: load with --dequantize, "
-                                  "or without --quantize)",
-                                  name, c10::toString(value.scalar_type()), fmt::join(value.sizes(), ", "), heads, nope));
-  }
-  const auto per_head = value.to(at::kFloat).cpu().reshape({heads, value.size(0) / heads, value.size(1)});
-  const auto keys = per_head.narrow(1, 0, nope).transpose(1, 2).contiguous();
-  const auto values = per_head.narrow(1, nope, per_head.size(1) - nope).contiguous();
-  return {{k_name, checkpoint::GgmlType::F32, keys.sizes().vec(), keys},
-          {v_name, checkpoint::GgmlType::F32, values.sizes().vec(), values}};
-}
-
 }  // namespace
 
 GgufSaveReport save_gguf_model(const PretrainedModel& model, const fs::path& file, const FamilyRegistry& families,
@@ -467,11 +438,11 @@ GgufSaveReport save_gguf_model(const PretrainedModel& model, const fs::path& fil
                                     "(load it with --dequantize, or without --quantize)",
                                     name));
     }
-    if (it->second->transform == GgufTensorTransform::kJoinMlaKvB) {
-      for (auto& half : split_kv_b(name, value, config, fmt::format(fmt::runtime(it->second->gguf), layer),
-                                   fmt::format(fmt::runtime(it->second->second), layer))) {
+    if (!it->second->second.empty()) {  // one hub tensor, two GGUF tensors
+      const auto [first, second] = gguf_pairs::split(it->second->transform, name, value, config);
+      for (const auto& [pattern, half] : {std::pair{&it->second->gguf, first}, std::pair{&it->second->second, second}}) {
+        tensors.push_back({fmt::format(fmt::runtime(*pattern), layer), checkpoint::GgmlType::F32, half.sizes().vec(), half});
         ++report.types["F32"];
-        tensors.push_back(std::move(half));
       }
       continue;
     }
@@ -480,7 +451,15 @@ GgufSaveReport save_gguf_model(const PretrainedModel& model, const fs::path& fil
     if (it->second->transform == GgufTensorTransform::kUnpermuteQ) data = permute(data, heads);
     if (it->second->transform == GgufTensorTransform::kUnpermuteK) data = permute(data, kv_heads);
     if (it->second->transform == GgufTensorTransform::kUnitOffset) data = data + 1;
-    auto shape = value.sizes().vec();
+    if (it->second->transform == GgufTensorTransform::kTransposeStacked) {
+      if (value.scalar_type() == at::kByte) {
+        throw ConfigError(fmt::format("{}: experts held as quantized blocks are written to GGUF files only as float "
+                                      "(load it with --dequantize, or without --quantize)",
+                                      name));
+      }
+      data = data.transpose(-1, -2).contiguous();
+    }
+    auto shape = value.scalar_type() == at::kByte ? value.sizes().vec() : data.sizes().vec();
     if (type != checkpoint::GgmlType::F32 && value.scalar_type() == at::kByte) {
       const auto& info = checkpoint::ggml_type_info(type);
       shape.back() = shape.back() / info.type_size * info.block_size;

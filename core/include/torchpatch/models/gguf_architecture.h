@@ -65,6 +65,14 @@ enum class GgufTensorTransform {
   /// kv_lora] into two tensors: `gguf` (attn_k_b, each head's key rows transposed: [H, kv_lora, nope])
   /// and GgufTensorName::second (attn_v_b, [H, v, kv_lora]); loading joins them, saving splits again.
   kJoinMlaKvB,
+  /// A stacked experts tensor the hub holds whole with its last two dimensions swapped (GPT-OSS's
+  /// down_proj [E, I, H]; the file's ffn_down_exps is [E, H, I]).
+  kTransposeStacked,
+  /// GPT-OSS's fused gate_up_proj [E, H, 2I], gate and up interleaved along the last dimension, from
+  /// `gguf` (ffn_gate_exps [E, I, H]) and `second` (ffn_up_exps [E, I, H]); split again on saving.
+  kJoinInterleavedTransposed,
+  /// Its bias gate_up_proj_bias [E, 2I], interleaved from `gguf` and `second` [E, I].
+  kJoinInterleaved,
 };
 
 /// One naming rule: `gguf` and `hub` are names where `{}` stands for the layer number.
@@ -80,7 +88,8 @@ struct TORCHPATCH_API GgufTensorName {
   /// quantization method multiplies its type (runtime/gguf_model.h). Stacked experts never are:
   /// they load as float32.
   bool projection = false;
-  /// The second GGUF tensor the hub tensor is made of, `{}` for the layer (kJoinMlaKvB); empty for one.
+  /// The second GGUF tensor the hub tensor is made of, `{}` for the layer (the kJoin* transforms);
+  /// empty for one.
   std::string second = {};
   /// Whether `hub` has the `*` of stacked experts.
   bool stacks_experts() const { return hub.find(".*.") != std::string::npos; }
