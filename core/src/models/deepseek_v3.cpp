@@ -212,15 +212,7 @@ nlohmann::json gguf_config(const GgufMetadata& m) {
   const auto q_lora = m.integer_or("attention.q_lora_rank");
   c["q_lora_rank"] = q_lora ? nlohmann::json(*q_lora) : nlohmann::json();
   c["rope_interleave"] = true;  // llama.cpp's deepseek2 rotates interleaved pairs, as the hub layout stores them
-  c["n_routed_experts"] = m.integer("expert_count");
-  c["num_experts_per_tok"] = m.integer("expert_used_count");
-  c["moe_intermediate_size"] = m.integer("expert_feed_forward_length");
-  c["n_shared_experts"] = m.integer("expert_shared_count");
-  c["first_k_dense_replace"] = m.integer_or("leading_dense_block_count").value_or(0);
-  c["routed_scaling_factor"] = m.number_or("expert_weights_scale").value_or(1.0);
-  c["norm_topk_prob"] = m.boolean_or("expert_weights_norm").value_or(false);  // llama.cpp's default
-  c["n_group"] = m.integer_or("expert_group_count").value_or(1);
-  c["topk_group"] = m.integer_or("expert_group_used_count").value_or(1);
+  gguf_grouped_moe_config(m, c);
   return c;
 }
 
@@ -228,15 +220,8 @@ std::vector<std::pair<std::string, checkpoint::GgufValue>> gguf_metadata(const n
   using checkpoint::GgufValue;
   const std::string source = "deepseek_v3 as GGUF architecture 'deepseek2'";
   const auto& own = config.family_fields<DeepseekV3Config>();
-  const auto& moe = config.decoder.moe;
   if (!own.rope_interleave) {
     throw ConfigError(source + ": rope_interleave false (llama.cpp's deepseek2 rotates interleaved pairs)");
-  }
-  if (moe.decoder_sparse_step != 1 || !moe.mlp_only_layers.empty() || moe.moe_intermediate_size <= 0 ||
-      moe.shared_expert_intermediate_size % moe.moe_intermediate_size != 0) {
-    throw ConfigError(fmt::format("{}: dense layers among the sparse ones or shared experts that are not whole "
-                                  "experts; llama.cpp's deepseek2 has dense layers only first (first_k_dense_replace)",
-                                  source));
   }
   const auto u32 = [](int64_t v) { return GgufValue::of(static_cast<uint32_t>(v)); };
   auto m = gguf_decoder_metadata("deepseek2", c);
@@ -250,16 +235,7 @@ std::vector<std::pair<std::string, checkpoint::GgufValue>> gguf_metadata(const n
   m.emplace_back("deepseek2.attention.kv_lora_rank", u32(own.kv_lora_rank));
   m.emplace_back("deepseek2.attention.key_length_mla", u32(own.qk_head_dim()));
   m.emplace_back("deepseek2.attention.value_length_mla", u32(own.v_head_dim));
-  m.emplace_back("deepseek2.leading_dense_block_count", u32(moe.first_k_dense_replace));
-  m.emplace_back("deepseek2.expert_count", u32(moe.num_experts));
-  m.emplace_back("deepseek2.expert_used_count", u32(moe.num_experts_per_tok));
-  m.emplace_back("deepseek2.expert_group_count", u32(moe.n_group));
-  m.emplace_back("deepseek2.expert_group_used_count", u32(moe.topk_group));
-  m.emplace_back("deepseek2.expert_feed_forward_length", u32(moe.moe_intermediate_size));
-  m.emplace_back("deepseek2.expert_shared_count", u32(moe.shared_expert_intermediate_size / moe.moe_intermediate_size));
-  m.emplace_back("deepseek2.expert_weights_scale", GgufValue::of(static_cast<float>(moe.routed_scaling_factor)));
-  m.emplace_back("deepseek2.expert_weights_norm", GgufValue::of(moe.norm_topk_prob));
-  m.emplace_back("deepseek2.expert_gating_func", u32(kSigmoidGating));
+  for (auto& key : gguf_grouped_moe_metadata("deepseek2", config.decoder.moe, source)) m.push_back(std::move(key));
   return m;
 }
 

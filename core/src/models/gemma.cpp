@@ -69,6 +69,21 @@ namespace {
 double llama_cpp_query_scalar(int64_t layers, int64_t hidden, int64_t heads, int64_t head_dim, int64_t layers_of_27b) {
   return static_cast<double>(layers == layers_of_27b ? hidden / heads : head_dim);
 }
+
+using GemmaGgufMetadata = std::vector<std::pair<std::string, checkpoint::GgufValue>> (*)(const nlohmann::json&,
+                                                                                        const DecoderTraits&);
+
+// Gemma 2 and 3 in llama.cpp's files: norms after attention and the MLP, every norm stored as 1 + w.
+GgufArchitecture gemma_gguf_architecture(const char* name, nlohmann::json (*config)(const GgufMetadata&),
+                                         GemmaGgufMetadata metadata, const DecoderTraits& traits) {
+  GgufArchitecture a;
+  a.names = {name};
+  a.config = config;
+  a.tensors = gguf_post_norm_tensor_names(/*permuted_qk=*/false);
+  gguf_unit_offset_norms(a.tensors);
+  a.metadata = [metadata, traits](const nlohmann::json& c) { return metadata(c, traits); };
+  return a;
+}
 }  // namespace
 
 namespace gemma2 {
@@ -200,17 +215,6 @@ std::vector<std::pair<std::string, checkpoint::GgufValue>> gguf_metadata(const n
   return m;
 }
 
-// Gemma 2 in llama.cpp's files: Gemma 3's layout without q/k norms, every norm stored as 1 + w.
-GgufArchitecture gguf_architecture(const DecoderTraits& traits) {
-  GgufArchitecture a;
-  a.names = {"gemma2"};
-  a.config = gguf_config;
-  a.tensors = gguf_post_norm_tensor_names(/*permuted_qk=*/false);
-  gguf_unit_offset_norms(a.tensors);
-  a.metadata = [traits](const nlohmann::json& c) { return gguf_metadata(c, traits); };
-  return a;
-}
-
 }  // namespace
 
 Family family() {
@@ -233,7 +237,7 @@ Family family() {
   auto tiny = tiny_gemma_preset("gemma2", "Gemma2ForCausalLM");
   tiny.update({{"sliding_window", 8}, {"query_pre_attn_scalar", 16}});
   family.presets = {{"tiny-gemma2", tiny}};
-  family.gguf = gguf_architecture(traits);
+  family.gguf = gemma_gguf_architecture("gemma2", gguf_config, gguf_metadata, traits);
   return family;
 }
 
@@ -359,17 +363,6 @@ std::vector<std::pair<std::string, checkpoint::GgufValue>> gguf_metadata(const n
   return m;
 }
 
-// Gemma 3 in llama.cpp's files: norms after attention and the MLP, every norm stored as 1 + w.
-GgufArchitecture gguf_architecture(const DecoderTraits& traits) {
-  GgufArchitecture a;
-  a.names = {"gemma3"};
-  a.config = gguf_config;
-  a.tensors = gguf_post_norm_tensor_names(/*permuted_qk=*/false);
-  gguf_unit_offset_norms(a.tensors);
-  a.metadata = [traits](const nlohmann::json& c) { return gguf_metadata(c, traits); };
-  return a;
-}
-
 }  // namespace
 
 Family family() {
@@ -394,7 +387,7 @@ Family family() {
   auto tiny = tiny_gemma_preset("gemma3_text", "Gemma3ForCausalLM");
   tiny.update({{"sliding_window", 8}, {"sliding_window_pattern", 2}, {"query_pre_attn_scalar", 16}});
   family.presets = {{"tiny-gemma3", tiny}};
-  family.gguf = gguf_architecture(traits);
+  family.gguf = gemma_gguf_architecture("gemma3", gguf_config, gguf_metadata, traits);
   return family;
 }
 

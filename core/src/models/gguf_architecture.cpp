@@ -206,6 +206,46 @@ std::vector<GgufTensorName> gguf_expert_tensor_names(const std::string& block, c
   };
 }
 
+void gguf_grouped_moe_config(const GgufMetadata& m, nlohmann::json& c) {
+  c["n_routed_experts"] = m.integer("expert_count");
+  c["num_experts_per_tok"] = m.integer("expert_used_count");
+  c["moe_intermediate_size"] = m.integer("expert_feed_forward_length");
+  c["n_shared_experts"] = m.integer("expert_shared_count");
+  c["first_k_dense_replace"] = m.integer_or("leading_dense_block_count").value_or(0);
+  c["routed_scaling_factor"] = m.number_or("expert_weights_scale").value_or(1.0);
+  c["norm_topk_prob"] = m.boolean_or("expert_weights_norm").value_or(false);  // llama.cpp's default
+  c["n_group"] = m.integer_or("expert_group_count").value_or(1);
+  c["topk_group"] = m.integer_or("expert_group_used_count").value_or(1);
+}
+
+std::vector<std::pair<std::string, GgufValue>> gguf_grouped_moe_metadata(const std::string& arch, const MoeConfig& moe,
+                                                                         const std::string& source) {
+  if (moe.decoder_sparse_step != 1 || !moe.mlp_only_layers.empty()) {
+    throw ConfigError(fmt::format("{}: dense layers among the sparse ones (decoder_sparse_step {}, mlp_only_layers of "
+                                  "{}); llama.cpp's '{}' has dense layers only before the first sparse one "
+                                  "(first_k_dense_replace)",
+                                  source, moe.decoder_sparse_step, moe.mlp_only_layers.size(), arch));
+  }
+  if (moe.moe_intermediate_size <= 0 || moe.shared_expert_intermediate_size % moe.moe_intermediate_size != 0) {
+    throw ConfigError(fmt::format("{}: shared experts {} wide are not whole experts of moe_intermediate_size {}",
+                                  source, moe.shared_expert_intermediate_size, moe.moe_intermediate_size));
+  }
+  const auto u32 = [](int64_t v) { return GgufValue::of(static_cast<uint32_t>(v)); };
+  constexpr int64_t kSigmoidGating = 2;  // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
+  return {
+      {arch + ".expert_count", u32(moe.num_experts)},
+      {arch + ".expert_used_count", u32(moe.num_experts_per_tok)},
+      {arch + ".expert_group_count", u32(moe.n_group)},
+      {arch + ".expert_group_used_count", u32(moe.topk_group)},
+      {arch + ".expert_feed_forward_length", u32(moe.moe_intermediate_size)},
+      {arch + ".expert_shared_count", u32(moe.shared_expert_intermediate_size / moe.moe_intermediate_size)},
+      {arch + ".leading_dense_block_count", u32(moe.first_k_dense_replace)},
+      {arch + ".expert_gating_func", u32(kSigmoidGating)},
+      {arch + ".expert_weights_scale", GgufValue::of(static_cast<float>(moe.routed_scaling_factor))},
+      {arch + ".expert_weights_norm", GgufValue::of(moe.norm_topk_prob)},
+  };
+}
+
 void gguf_moe_config(const GgufMetadata& m, nlohmann::json& c, bool normalized) {
   c["num_experts"] = m.integer("expert_count");
   c["num_experts_per_tok"] = m.integer("expert_used_count");

@@ -99,15 +99,7 @@ nlohmann::json gguf_config(const GgufMetadata& m) {
   if (const auto gating = m.integer_or("expert_gating_func"); gating && *gating != kSigmoidGating) {
     m.fail(m.full("expert_gating_func"), fmt::format("{}, where GLM-4.5's router is sigmoid ({})", *gating, kSigmoidGating));
   }
-  c["n_routed_experts"] = m.integer("expert_count");
-  c["num_experts_per_tok"] = m.integer("expert_used_count");
-  c["moe_intermediate_size"] = m.integer("expert_feed_forward_length");
-  c["n_shared_experts"] = m.integer("expert_shared_count");
-  c["first_k_dense_replace"] = m.integer_or("leading_dense_block_count").value_or(0);
-  c["routed_scaling_factor"] = m.number_or("expert_weights_scale").value_or(1.0);
-  c["norm_topk_prob"] = m.boolean_or("expert_weights_norm").value_or(false);  // llama.cpp's default
-  c["n_group"] = m.integer_or("expert_group_count").value_or(1);
-  c["topk_group"] = m.integer_or("expert_group_used_count").value_or(1);
+  gguf_grouped_moe_config(m, c);
   // No keys say these: the tensors do, as llama.cpp loads them where present.
   c["attention_bias"] = m.file().find("blk.0.attn_q.bias") != nullptr;
   c["use_qk_norm"] = m.file().find("blk.0.attn_q_norm.weight") != nullptr;
@@ -120,17 +112,6 @@ std::vector<std::pair<std::string, checkpoint::GgufValue>> gguf_metadata(const n
                                                                         const ModelConfig& config) {
   using checkpoint::GgufValue;
   const std::string source = "glm4_moe as GGUF architecture 'glm4moe'";
-  const auto& moe = config.decoder.moe;
-  if (moe.decoder_sparse_step != 1 || !moe.mlp_only_layers.empty()) {
-    throw ConfigError(fmt::format("{}: dense layers among the sparse ones (decoder_sparse_step {}, mlp_only_layers of "
-                                  "{}); llama.cpp's 'glm4moe' has dense layers only before the first sparse one "
-                                  "(first_k_dense_replace)",
-                                  source, moe.decoder_sparse_step, moe.mlp_only_layers.size()));
-  }
-  if (moe.moe_intermediate_size <= 0 || moe.shared_expert_intermediate_size % moe.moe_intermediate_size != 0) {
-    throw ConfigError(fmt::format("{}: shared experts {} wide are not whole experts of moe_intermediate_size {}",
-                                  source, moe.shared_expert_intermediate_size, moe.moe_intermediate_size));
-  }
   const auto nextn_field = c.value("num_nextn_predict_layers", nlohmann::json(0));
   const auto nextn = nextn_field.is_number_integer() ? nextn_field.get<int64_t>() : 0;
   const auto head_dim = c.at("head_dim").get<int64_t>();
@@ -140,18 +121,8 @@ std::vector<std::pair<std::string, checkpoint::GgufValue>> gguf_metadata(const n
     if (key == "glm4moe.block_count") value = GgufValue::of(static_cast<uint32_t>(config.decoder.num_hidden_layers + nextn));
     if (key == "glm4moe.rope.dimension_count") value = GgufValue::of(static_cast<uint32_t>(rotary));
   }
-  const auto u32 = [](int64_t v) { return GgufValue::of(static_cast<uint32_t>(v)); };
-  m.emplace_back("glm4moe.expert_count", u32(moe.num_experts));
-  m.emplace_back("glm4moe.expert_used_count", u32(moe.num_experts_per_tok));
-  m.emplace_back("glm4moe.expert_group_count", u32(moe.n_group));
-  m.emplace_back("glm4moe.expert_group_used_count", u32(moe.topk_group));
-  m.emplace_back("glm4moe.expert_feed_forward_length", u32(moe.moe_intermediate_size));
-  m.emplace_back("glm4moe.expert_shared_count", u32(moe.shared_expert_intermediate_size / moe.moe_intermediate_size));
-  m.emplace_back("glm4moe.leading_dense_block_count", u32(moe.first_k_dense_replace));
-  m.emplace_back("glm4moe.expert_gating_func", u32(kSigmoidGating));
-  m.emplace_back("glm4moe.expert_weights_scale", GgufValue::of(static_cast<float>(moe.routed_scaling_factor)));
-  m.emplace_back("glm4moe.expert_weights_norm", GgufValue::of(moe.norm_topk_prob));
-  if (nextn > 0) m.emplace_back("glm4moe.nextn_predict_layers", u32(nextn));
+  for (auto& key : gguf_grouped_moe_metadata("glm4moe", config.decoder.moe, source)) m.push_back(std::move(key));
+  if (nextn > 0) m.emplace_back("glm4moe.nextn_predict_layers", GgufValue::of(static_cast<uint32_t>(nextn)));
   return m;
 }
 

@@ -173,6 +173,18 @@ TORCHPATCH_API void gguf_moe_config(const GgufMetadata& metadata, nlohmann::json
 TORCHPATCH_API std::vector<std::pair<std::string, checkpoint::GgufValue>> gguf_moe_metadata(
     const std::string& arch, const MoeConfig& moe, bool normalized, const std::string& source);
 
+/// config.json's fields of the DeepSeek-style MoE (GLM-4.5, DeepSeek-V3: grouped top-k, shared experts,
+/// dense first layers) from llama.cpp's keys, its defaults where absent: n_routed_experts,
+/// num_experts_per_tok, moe_intermediate_size, n_shared_experts, first_k_dense_replace,
+/// routed_scaling_factor, norm_topk_prob, n_group, topk_group. (The router's scoring is the family's.)
+TORCHPATCH_API void gguf_grouped_moe_config(const GgufMetadata& metadata, nlohmann::json& config);
+
+/// The inverse for architecture `arch`, with expert_gating_func 2 (sigmoid). ConfigError naming
+/// `source` for what llama.cpp's graph cannot run: dense layers other than the first ones, shared
+/// experts that are not whole experts.
+TORCHPATCH_API std::vector<std::pair<std::string, checkpoint::GgufValue>> gguf_grouped_moe_metadata(
+    const std::string& arch, const MoeConfig& moe, const std::string& source);
+
 /// Marks every RMSNorm weight of `names` (a hub name ending in "norm.weight", the converter's test)
 /// as stored plus one (GgufTensorTransform::kUnitOffset): llama.cpp's Gemma converters.
 TORCHPATCH_API void gguf_unit_offset_norms(std::vector<GgufTensorName>& names);
