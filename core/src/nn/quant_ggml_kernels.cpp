@@ -589,7 +589,7 @@ void linear(QuantFormat format, QuantKernel kernel, const float* x, int64_t toke
     return;
   }
   std::vector<float> x_sums;
-  if (tokens == 1) {  // per 32 weights for the 32-weight formats, per group of 16 for the K-quants
+  if (tokens == 1 && k.fused != nullptr) {  // sums per 32 weights (32-weight formats) or group of 16 (K-quants)
     const int64_t span = p.weights == 32 ? 32 : kGroup;
     x_sums.resize(in / span);
     for (size_t i = 0; i < x_sums.size(); ++i) {

@@ -122,6 +122,16 @@ class GgufWeights final : public checkpoint::TensorSource {
   }
   bool maps(const void* p) const override { return file_->maps(p); }
 
+  /// The GGUF tensor hub tensor `name` is read from as it is (no transform, not an expert of a stack,
+  /// not joined); nullptr for any other.
+  const GgufTensorInfo* read_as_is(const std::string& name) const {
+    const auto it = entries_.find(name);
+    if (it == entries_.end()) return nullptr;
+    const auto& entry = it->second;
+    const bool as_is = entry.transform == GgufTensorTransform::kNone && entry.expert < 0 && entry.second == nullptr;
+    return as_is ? entry.gguf : nullptr;
+  }
+
   at::Tensor tensor(const std::string& name) const override {
     const auto it = entries_.find(name);
     if (it == entries_.end()) throw CheckpointError(fmt::format("{}: no tensor named '{}'", path().string(), name));
@@ -283,27 +293,23 @@ GgufModel read_gguf_model(const fs::path& path, const FamilyRegistry& families, 
   const auto heads = model.config.value("num_attention_heads", int64_t{0});
   const auto kv_heads = model.config.value("num_key_value_heads", heads);
   model.tensors = std::make_shared<GgufWeights>(model.file, family->gguf->tensors, heads, kv_heads, std::move(blocks));
-  for (const auto& t : model.file->tensors()) {
-    std::string hub = t.name;
-    const auto* rule = naming_rule(t.name, family->gguf->tensors, hub);
-    if (rule == nullptr || !rule->stacks_experts()) model.gguf_names.emplace(hub, t.name);
-  }
   return model;
 }
 
 std::vector<std::string> decode_tied_weights_from_blocks(PretrainedModel& model, const GgufModel& gguf) {
   std::vector<std::string> done;
+  const auto* weights = dynamic_cast<const GgufWeights*>(gguf.tensors.get());
+  if (weights == nullptr) return done;
   const auto modules = model.named_modules();
   for (const auto& [alias, target] : model.tied_weights()) {
-    const auto source = gguf.gguf_names.find(target);
+    const auto* info = weights->read_as_is(target);
     const auto dot = alias.rfind('.');
-    if (source == gguf.gguf_names.end() || dot == std::string::npos || alias.substr(dot + 1) != "weight") continue;
-    const auto* info = gguf.file->find(source->second);
-    const auto format = info != nullptr ? nn::quant_format_of(info->type) : std::nullopt;
+    if (info == nullptr || dot == std::string::npos || alias.substr(dot + 1) != "weight") continue;
+    const auto format = nn::quant_format_of(info->type);
     const auto* found = modules.find(alias.substr(0, dot));
     if (!format || found == nullptr) continue;
     const auto linear = std::dynamic_pointer_cast<nn::Linear>(*found);
-    if (linear && linear->decode_from_blocks(*format, gguf.file->raw(source->second))) done.push_back(alias);
+    if (linear && linear->decode_from_blocks(*format, gguf.file->raw(info->name))) done.push_back(alias);
   }
   return done;
 }

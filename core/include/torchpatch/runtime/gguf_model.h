@@ -33,8 +33,6 @@ struct TORCHPATCH_API GgufModel {
   /// llama.cpp permuted them). A tensor no naming rule knows keeps its GGUF name, so loading reports
   /// it as unexpected.
   std::shared_ptr<const checkpoint::TensorSource> tensors;
-  /// Each hub name's GGUF tensor (stacked experts aside).
-  std::map<std::string, std::string> gguf_names;
 };
 
 /// Reads `path` (a .gguf file). Projections whose block type a quantization method of `families`
