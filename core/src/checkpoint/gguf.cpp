@@ -250,6 +250,12 @@ GgufTensorInfo read_tensor_info(HeaderReader& in, uint64_t index) {
     throw in.error(named, fmt::format("its first dimension {} is not a multiple of {}'s block of {} weights",
                                       info.dims[0], type->name, type->block_size));
   }
+  // A row's bytes must fit in 64 bits too (raw() views rows), whatever the other dimensions: a zero
+  // among them leaves the first unbounded by the element count.
+  int64_t row_bytes = 0;
+  if (__builtin_mul_overflow(info.dims[0] / type->block_size, static_cast<int64_t>(type->type_size), &row_bytes)) {
+    throw in.error(named, fmt::format("a row of its first dimension {} runs past 2^63 bytes", info.dims[0]));
+  }
   info.begin = in.scalar<uint64_t>(named, "the offset");
   // numel / block_size blocks of type_size bytes each: under 2^63 * 292 / 256, which fits in 64 bits.
   const uint64_t bytes = numel / static_cast<uint64_t>(type->block_size) * static_cast<uint64_t>(type->type_size);
