@@ -248,32 +248,39 @@ at::Tensor random_blocks(QuantFormat format, int64_t rows, int64_t in) {
 
 }  // namespace
 
-TEST_CASE("products with GGUF's other block formats equal the float product of their dequantized weights within rounding",
+TEST_CASE("products with GGUF's other block formats equal the float product of their dequantized weights, "
+          "within rounding or the activations' step",
           "[quant][kernels][gguf]") {
   at::manual_seed(21);
   const QuantFormat formats[] = {QuantFormat::kQ4_1, QuantFormat::kQ5_0, QuantFormat::kQ5_1, QuantFormat::kQ2_K,
                                  QuantFormat::kQ3_K, QuantFormat::kQ4_K, QuantFormat::kQ5_K, QuantFormat::kQ6_K};
   for (const auto format : formats) {
     const int64_t weights = torchpatch::nn::block_weights(format);
-    // One block, an odd count, several; a few tokens go row by row, 16 and more by tiles of 64 rows.
+    // One block, an odd count, several; 1-3 tokens of the 32-weight formats quantize the activations
+    // (pairs of blocks, 16 rows summed at once), more go row by row, 16 and more by tiles of 64 rows.
     for (const int64_t in : {weights, 3 * weights, 8 * weights}) {
       for (const int64_t rows : {1, 17, 70}) {
-        for (const int64_t tokens : {1, 2, 5, 17}) {
+        for (const int64_t tokens : {1, 2, 3, 5, 17}) {
           const auto blocks = random_blocks(format, rows, in);
           const auto dense = torchpatch::nn::dequantize(format, blocks, "w");
           const auto x = at::randn({tokens, in});
           const auto bias = rows % 2 ? at::randn({rows}) : at::Tensor();
           const auto expected = at::matmul(x.to(at::kDouble), dense.to(at::kDouble).t()) +
                                 (bias.defined() ? bias.to(at::kDouble) : at::zeros({rows}, at::kDouble));
-          // The activations are not quantized: only float rounding (sums in another order, a fused a q + b).
-          const auto bound = 1e-5 * at::matmul(x.abs().to(at::kDouble), dense.abs().to(at::kDouble).t()) + 1e-6;
+          // Float activations: only float rounding (sums in another order, a fused a q + b).
+          const auto rounding = 1e-5 * at::matmul(x.abs().to(at::kDouble), dense.abs().to(at::kDouble).t()) + 1e-6;
+          const bool quantized_activations = weights == 32 && tokens < 4;
+          const auto bound = quantized_activations ? allowed_error(x, dense) : rounding;
           INFO(torchpatch::nn::format_name(format) << " rows " << rows << " in " << in << " tokens " << tokens);
+          const auto scalar = product(QuantKernel::kScalar, format, x, blocks, rows, bias);
           for (const auto kernel : {QuantKernel::kScalar, QuantKernel::kAvx2, QuantKernel::kAvx512}) {
             if (!torchpatch::nn::quant_kernel_available(kernel)) continue;
             const auto y = product(kernel, format, x, blocks, rows, bias);
             INFO("kernel " << static_cast<int>(kernel) << " max difference "
                            << (y.to(at::kDouble) - expected).abs().max().item<double>());
             CHECK(((y.to(at::kDouble) - expected).abs() - bound).max().item<double>() <= 0);
+            // The same int8 sums whatever the kernel; only the float accumulation order differs.
+            CHECK(((y - scalar).abs().to(at::kDouble) - rounding).max().item<double>() <= 0);
           }
         }
       }

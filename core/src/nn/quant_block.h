@@ -1,5 +1,6 @@
 // Internal: the byte layout of GGUF's Q8_0 and Q4_0 blocks (nn/quant.h), shared by the reference
-// quantizer (quant_formats.cpp) and the product kernels (quant_kernels.cpp).
+// quantizer (quant_formats.cpp) and the product kernels (quant_kernels.cpp, quant_ggml_kernels.cpp),
+// and of the other formats of 32 weights a block.
 //
 //   Q8_0  [d: fp16, little-endian][32 x int8]                       34 bytes
 //   Q4_0  [d: fp16, little-endian][16 bytes: q[j] | q[j + 16] << 4]  18 bytes
@@ -32,6 +33,38 @@ inline void store_half(uint8_t* p, float value) {
   const uint16_t bits = c10::Half(value).x;
   p[0] = static_cast<uint8_t>(bits & 0xff);
   p[1] = static_cast<uint8_t>(bits >> 8);
+}
+
+/// GGUF's formats of 32 weights per block, each weight w = d q + b with q unsigned:
+///
+///   Q8_0  [d][32 int8]                          q = the int8 + 128, b = -128 d
+///   Q4_0  [d][16: q[j] | q[j + 16] << 4]         b = -8 d
+///   Q4_1  [d][m][16 as Q4_0]                     b = m
+///   Q5_0  [d][qh: fifth bit j of weight j][16]   b = -16 d
+///   Q5_1  [d][m][qh][16]                         b = m
+struct Layout32 {
+  int64_t bytes;      ///< per block
+  int64_t quants;     ///< where the nibbles (Q8_0: the int8 values) start
+  int64_t fifth;      ///< where the 32-bit word of fifth bits is, or -1
+  bool stored_b;      ///< b is the fp16 at byte 2 (Q4_1, Q5_1)
+  int32_t offset;     ///< otherwise b = -offset * d
+};
+
+constexpr bool is_block32(QuantFormat format) {
+  return format == QuantFormat::kQ8_0 || format == QuantFormat::kQ4_0 || format == QuantFormat::kQ4_1 ||
+         format == QuantFormat::kQ5_0 || format == QuantFormat::kQ5_1;
+}
+
+/// The layout of a format for which is_block32() holds.
+constexpr Layout32 layout32(QuantFormat format) {
+  switch (format) {
+    case QuantFormat::kQ8_0: return {kQ8_0Bytes, 2, -1, false, 128};
+    case QuantFormat::kQ4_0: return {kQ4_0Bytes, 2, -1, false, 8};
+    case QuantFormat::kQ4_1: return {20, 4, -1, true, 0};
+    case QuantFormat::kQ5_0: return {22, 6, 2, false, 16};
+    case QuantFormat::kQ5_1: return {24, 8, 4, true, 0};
+    default: return {0, 0, -1, false, 0};
+  }
 }
 
 constexpr int64_t kGroupRows = 16;  ///< rows per kRows16 group

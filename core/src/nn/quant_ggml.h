@@ -1,8 +1,9 @@
 // Internal: products of float32 activations with weights held as GGUF blocks, the activations as
-// they are (not quantized): every format quant_linear reads from GGUF files only (Q4_1, Q5_0, Q5_1,
-// Q2_K .. Q6_K; nn/quant.h), and Q8_0 and Q4_0 where blocks stand in for a float weight
-// (Linear::decode_from_blocks; quant_linear has kernels of its own for them that quantize the
-// activations, as llama.cpp does).
+// they are (not quantized): the formats quant_linear reads from GGUF files only (Q4_1, Q5_0, Q5_1,
+// Q2_K .. Q6_K; nn/quant.h) for prompts, the K-quants always, and Q8_0 and Q4_0 where blocks stand in
+// for a float weight (Linear::decode_from_blocks). quant_linear's own kernels (quant_kernels.cpp)
+// quantize the activations, as llama.cpp does: for Q8_0 and Q4_0 always, for the other 32-weight
+// formats when decoding.
 //
 // Every one of them stores a weight as w = a * q + b, with q a small unsigned integer (2 to 8 bits;
 // Q8_0's int8 read as q + 128) and a, b shared by 16 or 32 consecutive weights (Q4_1: d and m; Q6_K:

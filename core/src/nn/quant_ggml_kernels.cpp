@@ -20,10 +20,14 @@
 
 #include "base/parallel.h"
 #include "base/x86_intrinsics.h"
+#include "nn/quant_unpack32.h"
 
 namespace torchpatch::nn::ggml {
 
 namespace {
+
+using block::bit_bytes_avx2;
+using block::load_word;
 
 constexpr int64_t kGroup = 16;  // weights sharing one a and one b
 
@@ -43,44 +47,24 @@ const HalfTable kHalves;
 
 TP_ALWAYS_INLINE float half(const uint8_t* p) { return kHalves.values[p[0] | p[1] << 8]; }
 
-uint32_t word(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
 // -- unpacking one block: bytes q [block weights] and a, b [block weights / 16] ------------------------------
 //
 // `scales` reads a and b; `bytes` the quants in natural order, once in plain C++ and once with AVX2's
 // byte operations (32 weights per instruction; the AVX-512 kernel uses them too).
 
-// Q4_0 [d][16: q[j] | q[j+16] << 4]: w = d (q - 8); Q4_1 [d][m][16]: w = d q + m. Q5_0 / Q5_1 add a
-// fifth bit, bit j of a 32-bit word (Q5_0: [d][qh][16], w = d (q - 16); Q5_1: [d][m][qh][16], w = d q + m).
-// Q8_0 [d][32 int8]: w = d q, read as q + 128 (w = d (q + 128) - 128 d, exact with one rounding).
+// The 32-weight formats' layouts: nn/quant_block.h.
 template <QuantFormat F>
-struct Layout32 {
-  static constexpr bool kFive = F == QuantFormat::kQ5_0 || F == QuantFormat::kQ5_1;
-  static constexpr float kOffset = F == QuantFormat::kQ4_0   ? -8.0f
-                                   : F == QuantFormat::kQ5_0 ? -16.0f
-                                   : F == QuantFormat::kQ8_0 ? -128.0f
-                                                             : 0.0f;  // 0: m is stored
-  static constexpr int kQs = F == QuantFormat::kQ4_0 || F == QuantFormat::kQ8_0 ? 2
-                             : F == QuantFormat::kQ4_1                         ? 4
-                             : F == QuantFormat::kQ5_0                         ? 6
-                                                                               : 8;
-  static constexpr int kQh = F == QuantFormat::kQ5_0 ? 2 : 4;
-};
+constexpr block::Layout32 kLayout32 = block::layout32(F);
 
 template <QuantFormat F>
 constexpr bool block_is_32() {
-  return F == QuantFormat::kQ4_0 || F == QuantFormat::kQ4_1 || F == QuantFormat::kQ5_0 || F == QuantFormat::kQ5_1 ||
-         F == QuantFormat::kQ8_0;
+  return block::is_block32(F);
 }
 
 // b of a 32-weight block whose scale is d.
 template <QuantFormat F>
 TP_ALWAYS_INLINE float offset32(const uint8_t* blk, float d) {
-  return Layout32<F>::kOffset != 0.0f ? Layout32<F>::kOffset * d : half(blk + 2);
+  return kLayout32<F>.stored_b ? half(blk + 2) : static_cast<float>(-kLayout32<F>.offset) * d;
 }
 
 // Q2_K [16 scales: d-nibble | m-nibble << 4][64: 2-bit quants][d][dmin]: weight 128 h + 32 s + l is
@@ -166,16 +150,8 @@ TP_ALWAYS_INLINE void bytes(const uint8_t* __restrict blk, uint8_t* __restrict q
         }
       }
     }
-  } else if constexpr (F == QuantFormat::kQ8_0) {
-    for (int j = 0; j < 32; ++j) q[j] = static_cast<uint8_t>(blk[2 + j] ^ 0x80);
   } else {
-    using L = Layout32<F>;
-    const uint8_t* qs = blk + L::kQs;
-    const uint32_t qh = L::kFive ? word(blk + L::kQh) : 0;
-    for (int j = 0; j < 16; ++j) {
-      q[j] = static_cast<uint8_t>((qs[j] & 0xF) | (L::kFive ? ((qh >> j) & 1) << 4 : 0));
-      q[j + 16] = static_cast<uint8_t>((qs[j] >> 4) | (L::kFive ? ((qh >> (j + 16)) & 1) << 4 : 0));
-    }
+    block::unpack32<F>(blk, q);
   }
 }
 
@@ -188,16 +164,6 @@ TP_AVX2 inline __m256i bits_avx2(__m256i v, int n, int mask) {
 TP_AVX2 inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
 TP_AVX2 inline void store32(uint8_t* p, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
-
-// Byte j of 32 = `value` where bit j of `bits` is set, else 0.
-TP_AVX2 inline __m256i bit_bytes_avx2(uint32_t bits, int value) {
-  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
-                                             _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2,
-                                                              2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
-  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-  return _mm256_and_si256(set, _mm256_set1_epi8(static_cast<char>(value)));
-}
 
 template <QuantFormat F>
 TP_AVX2 TP_ALWAYS_INLINE void bytes_avx2(const uint8_t* __restrict blk, uint8_t* __restrict q) {
@@ -231,15 +197,8 @@ TP_AVX2 TP_ALWAYS_INLINE void bytes_avx2(const uint8_t* __restrict blk, uint8_t*
         store32(q + 128 * h + 32 * k, _mm256_or_si256(low, _mm256_slli_epi16(bits_avx2(qh, 2 * k, 3), 4)));
       }
     }
-  } else if constexpr (F == QuantFormat::kQ8_0) {
-    store32(q, _mm256_xor_si256(load32(blk + 2), _mm256_set1_epi8(static_cast<char>(0x80))));
   } else {
-    using L = Layout32<F>;
-    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + L::kQs));
-    const __m128i low = _mm_and_si128(qs, _mm_set1_epi8(0xF)), high = _mm_and_si128(_mm_srli_epi16(qs, 4), _mm_set1_epi8(0xF));
-    __m256i out = _mm256_set_m128i(high, low);
-    if constexpr (L::kFive) out = _mm256_or_si256(out, bit_bytes_avx2(word(blk + L::kQh), 16));
-    store32(q, out);
+    store32(q, block::quants32_avx2<F>(blk));
   }
 }
 
@@ -318,7 +277,7 @@ TP_AVX2 TP_ALWAYS_INLINE __m256 quants8_avx2(__m128i q) {
 // times x_sum added to offsets; returns the block's d.
 template <QuantFormat F>
 TP_AVX2 TP_ALWAYS_INLINE float unpack32_avx2(const uint8_t* blk, float x_sum, __m128i& lo, __m128i& hi, float& offsets) {
-  using L = Layout32<F>;
+  constexpr block::Layout32 L = kLayout32<F>;
   const float d = half(blk);
   if constexpr (F == QuantFormat::kQ8_0) {  // d q: no offset
     lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
@@ -326,11 +285,11 @@ TP_AVX2 TP_ALWAYS_INLINE float unpack32_avx2(const uint8_t* blk, float x_sum, __
     return d;
   }
   const __m128i nibble = _mm_set1_epi8(0xF);
-  const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + L::kQs));
+  const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + L.quants));
   lo = _mm_and_si128(qs, nibble);
   hi = _mm_and_si128(_mm_srli_epi16(qs, 4), nibble);
-  if constexpr (L::kFive) {
-    const __m256i fifth = bit_bytes_avx2(word(blk + L::kQh), 16);
+  if constexpr (L.fifth >= 0) {
+    const __m256i fifth = bit_bytes_avx2(load_word(blk + L.fifth), 16);
     lo = _mm_or_si128(lo, _mm256_castsi256_si128(fifth));
     hi = _mm_or_si128(hi, _mm256_extracti128_si256(fifth, 1));
   }

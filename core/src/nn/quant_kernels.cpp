@@ -1,7 +1,10 @@
-// Products with Q8_0 / Q4_0 weights (nn/quant.h): y = x W^T + b, x float [T, in], W blocks [out, in/32].
-// As llama.cpp does, each row of x is first quantized to Q8_0 (an int8 block and a float32 scale per
-// 32 values), so a block's dot product is 32 int8 products summed exactly in int32, then scaled by
-// d_w * d_x. Q4_0 weights enter unsigned (0..15) and the offset comes back per block as 8 * sum(x_q).
+// Products with Q8_0 / Q4_0 weights (nn/quant.h), and with Q4_1 / Q5_0 / Q5_1 when decoding (fewer
+// than kTileTokens tokens; prompts take quant_ggml_kernels.cpp's float path): y = x W^T + b, x float
+// [T, in], W blocks [out, in/32]. As llama.cpp does, each row of x is first quantized to Q8_0 (an int8
+// block and a float32 scale per 32 values), so a block's dot product is 32 int8 products summed
+// exactly in int32, then scaled by d_w * d_x. Weights enter unsigned (Q4_0: 0..15) and their offset
+// comes back per block as 8 * sum(x_q) (16 for Q5_0, 128 for Q8_0); Q4_1's and Q5_1's stored offset m
+// as m d_x sum(x_q) in float.
 //
 // Kernels, chosen at run time:
 //   scalar   plain C++, one dot per (row, token)
@@ -16,7 +19,8 @@
 //              prefill 8 at a time while the group's blocks stay in cache, with the same arithmetic
 //              per token, so a token's outputs do not depend on how many tokens share the product.
 //     GGUF rows  decode: two blocks per 512-bit register (lanes 0-7 one block, 8-15 the next), one row
-//              after another; per pair of blocks one convert and one multiply-add by the two scales.
+//              after another; per pair of blocks one convert and one multiply-add by the two scales;
+//              one token's rows summed 16 at a time. Every 32-weight format.
 //              prefill (4 tokens or more; also kRows16's tail rows): groups of 16 blocks, lane i of
 //              register k holding bytes 4k..4k+3 of block i: 8 dpbusd finish 16 blocks, one convert
 //              and one multiply-add per 16 blocks. Tiles of 4 rows x 4 tokens; a tile's rows are
@@ -44,6 +48,7 @@
 #include "nn/quant_block.h"
 #include "nn/quant_device.h"
 #include "nn/quant_ggml.h"
+#include "nn/quant_unpack32.h"
 
 namespace torchpatch::nn {
 
@@ -83,27 +88,24 @@ void quantize_activations(const float* x, int64_t k, int8_t* q, float* d, int32_
 }
 
 // -- scalar ---------------------------------------------------------------------------------------------
+//
+// Every 32-weight format as w = d q + b with q unsigned (nn/quant_block.h): a block's product is
+// d dx (q . x_q) + b dx sum(x_q), the first summed exactly in int32; where b is -offset * d (Q8_0,
+// Q4_0, Q5_0) the offset enters the int32 sum too, where b is stored (Q4_1, Q5_1) it is added in float.
 
-float dot_q8_0_scalar(const uint8_t* w, const QuantizedRow& x, int64_t blocks) {
+template <QuantFormat F>
+float dot32_scalar(const uint8_t* w, const QuantizedRow& x, int64_t blocks) {
+  constexpr block::Layout32 L = block::layout32(F);
   float total = 0.0f;
+  uint8_t q[kBlock];
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* wb = w + b * kQ8_0Bytes;
-    int32_t acc = 0;
-    for (int64_t j = 0; j < kBlock; ++j) acc += static_cast<int8_t>(wb[kScaleBytes + j]) * x.q[b * kBlock + j];
-    total += load_half(wb) * x.d[b] * static_cast<float>(acc);
-  }
-  return total;
-}
-
-float dot_q4_0_scalar(const uint8_t* w, const QuantizedRow& x, int64_t blocks) {
-  float total = 0.0f;
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* wb = w + b * kQ4_0Bytes;
+    const uint8_t* wb = w + b * L.bytes;
+    block::unpack32<F>(wb, q);
     const int8_t* xq = x.q + b * kBlock;
-    int32_t acc = 0;
-    const uint8_t* nibbles = wb + kScaleBytes;
-    for (int64_t j = 0; j < kBlock / 2; ++j) acc += (nibbles[j] & 0x0f) * xq[j] + (nibbles[j] >> 4) * xq[j + kBlock / 2];
-    total += load_half(wb) * x.d[b] * static_cast<float>(acc - 8 * x.sum[b]);
+    int32_t acc = -L.offset * x.sum[b];
+    for (int64_t j = 0; j < kBlock; ++j) acc += q[j] * xq[j];
+    total += load_half(wb) * x.d[b] * static_cast<float>(acc);
+    if constexpr (L.stored_b) total += load_half(wb + kScaleBytes) * (x.d[b] * static_cast<float>(x.sum[b]));
   }
   return total;
 }
@@ -125,34 +127,29 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256i dot_us8_avx2(__m256i u, 
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
-__attribute__((target("avx2,fma,f16c"))) float dot_q8_0_avx2(const uint8_t* w, const QuantizedRow& x, int64_t blocks) {
+template <QuantFormat F>
+__attribute__((target("avx2,fma,f16c"))) float dot32_avx2(const uint8_t* w, const QuantizedRow& x, int64_t blocks) {
+  constexpr block::Layout32 L = block::layout32(F);
   __m256 acc = _mm256_setzero_ps();
+  float stored = 0.0f;  // Q4_1, Q5_1: the blocks' b dx sum(x_q)
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* wb = w + b * kQ8_0Bytes;
-    const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kScaleBytes));
+    const uint8_t* wb = w + b * L.bytes;
     const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + b * kBlock));
-    // maddubs multiplies unsigned by signed bytes: |w| times x carrying w's sign is w * x.
-    const __m256i products = dot_us8_avx2(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qx, qw));
+    __m256i products;
+    if constexpr (F == QuantFormat::kQ8_0) {
+      // maddubs multiplies unsigned by signed bytes and saturates pairs of w + 128: |w| times x carrying
+      // w's sign is w * x, with no offset.
+      const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kScaleBytes));
+      products = dot_us8_avx2(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qx, qw));
+    } else {
+      // 8 lanes of -(offset / 8) sum(x_q) add up to the offset's part (offsets are multiples of 8).
+      products = _mm256_add_epi32(dot_us8_avx2(block::quants32_avx2<F>(wb), qx),
+                                  _mm256_set1_epi32(-(L.offset / 8) * x.sum[b]));
+    }
     acc = _mm256_fmadd_ps(_mm256_set1_ps(half_avx2(wb) * x.d[b]), _mm256_cvtepi32_ps(products), acc);
+    if constexpr (L.stored_b) stored += half_avx2(wb + kScaleBytes) * (x.d[b] * static_cast<float>(x.sum[b]));
   }
-  return hsum_avx2(acc);
-}
-
-__attribute__((target("avx2,fma,f16c"))) float dot_q4_0_avx2(const uint8_t* w, const QuantizedRow& x, int64_t blocks) {
-  __m256 acc = _mm256_setzero_ps();
-  float offset = 0.0f;  // sum over blocks of scale * 8 * sum(x_q): the nibbles' "- 8", taken out once
-  const __m256i low_nibbles = _mm256_set1_epi8(0x0f);
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* wb = w + b * kQ4_0Bytes;
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + kScaleBytes));
-    // Weights 0..15 in the low lane, 16..31 in the high lane, as the activations are laid out.
-    const __m256i nibbles = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low_nibbles);
-    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + b * kBlock));
-    const float scale = half_avx2(wb) * x.d[b];
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(scale), _mm256_cvtepi32_ps(dot_us8_avx2(nibbles, qx)), acc);
-    offset += scale * static_cast<float>(8 * x.sum[b]);
-  }
-  return hsum_avx2(acc) - offset;
+  return hsum_avx2(acc) + stored;
 }
 
 // -- AVX-512 VNNI ---------------------------------------------------------------------------------------
@@ -191,25 +188,31 @@ TP_AVX512 void quantize_activations_avx512(const float* x, int64_t k, int8_t* q,
 }
 
 // ---- decoding (fewer than kTileTokens tokens): pairs of blocks, weights read once, straight from memory
+//
+// Every 32-weight format (GGUF rows): Q8_0 and Q4_0 here and from kRows16's tail rows; Q4_1, Q5_0 and
+// Q5_1, which only GGUF files hold, here alone.
 
 constexpr int64_t kPairBytes = 2 * kBlock;
-// Software prefetch, bytes ahead of the pair being read, measured: it helps Q4_0 (whose rows go by
-// faster than the hardware prefetcher ramps up), and slows Q8_0 down, which streams as well without.
-template <bool Q8>
-constexpr std::uintptr_t kPrefetchDistance = Q8 ? 0 : 1024;
+// Software prefetch, bytes ahead of the pair being read, measured: it helps the 4- and 5-bit formats
+// (whose rows go by faster than the hardware prefetcher ramps up), and slows Q8_0 down, which streams
+// as well without.
+template <QuantFormat F>
+constexpr std::uintptr_t kPrefetchDistance = F == QuantFormat::kQ8_0 ? 0 : 1024;
 
 /// Activations per token and pair of blocks (an odd last block paired with zeros): 64 bytes of q, the
-/// two blocks' scales each over 8 lanes, and minus the weights' offset (Q8_0: 128, Q4_0: 8) times each
-/// block's sum of q, spread over its 8 lanes.
+/// two blocks' scales each over 8 lanes, minus the weights' offset (Q8_0: 128, Q4_0: 8, Q5_0: 16)
+/// times each block's sum of q spread over its 8 lanes, and for the formats that store b (Q4_1,
+/// Q5_1) each block's d sum(q) over its 8 lanes.
 struct PairedTokens {
   int64_t pairs;
   const int8_t* q;
   const float* d;
   const int32_t* init;
+  const float* sums;
 };
 
-TP_AVX512 void pair_token_avx512(bool q8, const int8_t* q, const float* d, const int32_t* sum, int64_t blocks,
-                                 int8_t* xq, float* dx, int32_t* init) {
+TP_AVX512 void pair_token_avx512(const block::Layout32& layout, const int8_t* q, const float* d, const int32_t* sum,
+                                 int64_t blocks, int8_t* xq, float* dx, int32_t* init, float* sums) {
   const int64_t pairs = (blocks + 1) / 2;
   for (int64_t b = 0; b < pairs * 2; ++b) {
     const bool real = b < blocks;
@@ -217,107 +220,171 @@ TP_AVX512 void pair_token_avx512(bool q8, const int8_t* q, const float* d, const
         real ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + b * kBlock)) : _mm256_setzero_si256();
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + b * kBlock), v);
     _mm256_storeu_ps(dx + b * 8, _mm256_set1_ps(real ? d[b] : 0.0f));
-    // 8 lanes of -(offset / 8) * sum add up to -offset * sum.
-    const int32_t lane = real ? -(q8 ? 16 : 1) * sum[b] : 0;
+    // 8 lanes of -(offset / 8) * sum add up to -offset * sum (every offset is a multiple of 8), and 8 of
+    // d sum / 8 to d sum (exact: a power of two).
+    const int32_t lane = real ? -(layout.offset / 8) * sum[b] : 0;
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(init + b * 8), _mm256_set1_epi32(lane));
+    if (layout.stored_b) _mm256_storeu_ps(sums + b * 8, _mm256_set1_ps(real ? d[b] * static_cast<float>(sum[b]) / 8 : 0.0f));
   }
 }
 
-/// One row's pair of blocks in registers: the weights as unsigned bytes (Q8_0: w + 128, Q4_0: the
-/// nibbles 0..15, in the activations' order) and the two scales over 8 lanes each.
+/// One row's pair of blocks in registers: the weights as unsigned bytes (in the activations' order)
+/// and, over 8 lanes each, the two scales d and (Q4_1, Q5_1) the two stored b.
 struct WeightPair {
   __m512i w;
   __m512 d;
+  __m512 b;
 };
 
-// Word indices (vpermw) into the bytes of a pair of blocks: the scales, and Q4_0's two 16-byte halves
-// each repeated over two 128-bit lanes.
+// Word indices (vpermw) into the bytes of a pair of blocks of the 4- and 5-bit formats: `scales` the
+// two d (lanes 0-15) then the two stored b (16-31), `quants` each block's 16 bytes of nibbles repeated
+// over two 128-bit lanes (the second shifted by kNibbleShifts to its high nibbles).
+struct alignas(64) PairWords {
+  uint16_t scales[32];
+  uint16_t quants[32];
+};
+
+constexpr PairWords pair_words(QuantFormat format) {
+  const block::Layout32 layout = block::layout32(format);
+  const auto block_words = static_cast<uint16_t>(layout.bytes / 2);
+  PairWords words{};
+  for (int i = 0; i < 32; ++i) {
+    const int second = (i % 16) / 8;  // lanes 8-15 (and 24-31) the second block
+    words.scales[i] = static_cast<uint16_t>(second * block_words + (i < 16 ? 0 : 1));
+    words.quants[i] = static_cast<uint16_t>((i / 16) * block_words + layout.quants / 2 + i % 8);
+  }
+  return words;
+}
+
+template <QuantFormat F>
+constexpr PairWords kPairWords = pair_words(F);
+
+// Scales of Q8_0's pair, whose second block starts at byte 34 (word 17).
 alignas(64) constexpr uint16_t kQ8Scales[32] = {0,  0,  0,  0,  0,  0,  0,  0,  17, 17, 17, 17, 17, 17, 17, 17,
                                                 0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0};
-alignas(64) constexpr uint16_t kQ4Scales[32] = {0, 0, 0, 0, 0, 0, 0, 0, 9, 9, 9, 9, 9, 9, 9, 9,
-                                                0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-alignas(64) constexpr uint16_t kQ4Nibbles[32] = {1,  2,  3,  4,  5,  6,  7,  8,  1,  2,  3,  4,  5,  6,  7,  8,
-                                                 10, 11, 12, 13, 14, 15, 16, 17, 10, 11, 12, 13, 14, 15, 16, 17};
 // Per 16-bit word: shift the second and fourth 128-bit lanes by 4 (the high nibbles).
-alignas(64) constexpr uint16_t kQ4Shifts[32] = {0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4,
-                                                0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4};
+alignas(64) constexpr uint16_t kNibbleShifts[32] = {0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4,
+                                                    0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4};
 
-template <bool Q8>
+template <QuantFormat F>
 TP_AVX512 inline WeightPair load_weight_pair(const uint8_t* row, int64_t pair, bool both) {
-  constexpr int64_t bytes = Q8 ? kQ8_0Bytes : kQ4_0Bytes;
-  const uint8_t* b0 = row + pair * 2 * bytes;
+  constexpr block::Layout32 L = block::layout32(F);
+  const uint8_t* b0 = row + pair * 2 * L.bytes;
   WeightPair p;
-  if (Q8) {
+  if constexpr (F == QuantFormat::kQ8_0) {
     // The pair's first 64 bytes hold both scales (an odd last block alone: its 34 bytes, no more read).
     const __m512i head = both ? _mm512_loadu_si512(b0) : _mm512_maskz_loadu_epi8((1ull << kQ8_0Bytes) - 1, b0);
     p.d = _mm512_cvtph_ps(_mm512_castsi512_si256(
         _mm512_permutexvar_epi16(_mm512_load_si512(kQ8Scales), head)));
     const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + kScaleBytes));
-    const __m256i hi = both ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + bytes + kScaleBytes))
+    const __m256i hi = both ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + L.bytes + kScaleBytes))
                             : _mm256_setzero_si256();
     // w + 128 as unsigned (exact for every int8, -128 too); the activations' sums take the 128 back.
     p.w = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi8(-128));
   } else {
-    const __m512i all = _mm512_maskz_loadu_epi8(both ? (1ull << (2 * bytes)) - 1 : (1ull << bytes) - 1, b0);
-    p.d = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(_mm512_load_si512(kQ4Scales), all)));
-    const __m512i halves = _mm512_permutexvar_epi16(_mm512_load_si512(kQ4Nibbles), all);
-    p.w = _mm512_and_si512(_mm512_srlv_epi16(halves, _mm512_load_si512(kQ4Shifts)), _mm512_set1_epi8(0x0f));
+    // A pair is 36 to 48 bytes: one load (an odd last block alone: its own bytes, no more read).
+    const __m512i all = _mm512_maskz_loadu_epi8(both ? (1ull << (2 * L.bytes)) - 1 : (1ull << L.bytes) - 1, b0);
+    const __m512i scales = _mm512_permutexvar_epi16(_mm512_load_si512(kPairWords<F>.scales), all);
+    p.d = _mm512_cvtph_ps(_mm512_castsi512_si256(scales));
+    if constexpr (L.stored_b) p.b = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(scales, 1));
+    const __m512i halves = _mm512_permutexvar_epi16(_mm512_load_si512(kPairWords<F>.quants), all);
+    p.w = _mm512_and_si512(_mm512_srlv_epi16(halves, _mm512_load_si512(kNibbleShifts)), _mm512_set1_epi8(0x0f));
+    if constexpr (L.fifth >= 0) {  // bit j of the pair's 64 fifth bits is weight j's
+      const uint64_t fifth = block::load_word(b0 + L.fifth) |
+                             (both ? static_cast<uint64_t>(block::load_word(b0 + L.bytes + L.fifth)) << 32 : 0);
+      p.w = _mm512_mask_add_epi8(p.w, _cvtu64_mask64(fifth), p.w, _mm512_set1_epi8(16));
+    }
   }
   return p;
 }
 
 /// Pair p of one row times tokens [0, TT), added to acc[t].
-template <bool Q8, int TT>
+template <QuantFormat F, int TT>
 TP_AVX512 inline void decode_pair_avx512(const uint8_t* row, int64_t p, int64_t blocks, const PairedTokens& x,
                                          __m512* acc) {
-  constexpr int64_t pair_bytes = 2 * (Q8 ? kQ8_0Bytes : kQ4_0Bytes);
-  if (kPrefetchDistance<Q8> != 0) {
+  constexpr block::Layout32 L = block::layout32(F);
+  if (kPrefetchDistance<F> != 0) {
     // (The address as an integer: past the weight's end it is no pointer; prefetching never faults.)
-    _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(row + p * pair_bytes) +
-                                               kPrefetchDistance<Q8>),
+    _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(row + p * 2 * L.bytes) +
+                                               kPrefetchDistance<F>),
                  _MM_HINT_T0);
   }
-  const WeightPair w = load_weight_pair<Q8>(row, p, 2 * p + 1 < blocks);
+  const WeightPair w = load_weight_pair<F>(row, p, 2 * p + 1 < blocks);
   TP_UNROLL for (int t = 0; t < TT; ++t) {
     const int64_t at = t * x.pairs + p;
     const __m512i dot = _mm512_dpbusd_epi32(_mm512_loadu_si512(x.init + at * 16), w.w,
                                             _mm512_loadu_si512(x.q + at * kPairBytes));
     acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(w.d, _mm512_loadu_ps(x.d + at * 16)), acc[t]);
+    if constexpr (L.stored_b) acc[t] = _mm512_fmadd_ps(w.b, _mm512_loadu_ps(x.sums + at * 16), acc[t]);
   }
 }
 
-/// One row x tokens [0, TT): out[t * out_stride] = the row's dot with token t. Two accumulators per
+/// One row x tokens [0, TT): sums[t] = the row's dot with token t, over 16 lanes. Two accumulators per
 /// token (even and odd pairs) keep two multiply-adds in flight.
-template <bool Q8, int TT>
-TP_AVX512 void decode_row_avx512(const uint8_t* row, int64_t blocks, const PairedTokens& x, float* out,
-                                 int64_t out_stride, float bias) {
+template <QuantFormat F, int TT>
+TP_AVX512 inline void decode_row_avx512(const uint8_t* row, int64_t blocks, const PairedTokens& x, __m512* sums) {
   const int64_t pairs = x.pairs;
   __m512 even[TT], odd[TT];
   TP_UNROLL for (int t = 0; t < TT; ++t) even[t] = odd[t] = _mm512_setzero_ps();
   int64_t p = 0;
   for (; p + 2 <= pairs; p += 2) {
-    decode_pair_avx512<Q8, TT>(row, p, blocks, x, even);
-    decode_pair_avx512<Q8, TT>(row, p + 1, blocks, x, odd);
+    decode_pair_avx512<F, TT>(row, p, blocks, x, even);
+    decode_pair_avx512<F, TT>(row, p + 1, blocks, x, odd);
   }
-  if (p < pairs) decode_pair_avx512<Q8, TT>(row, p, blocks, x, even);
-  TP_UNROLL for (int t = 0; t < TT; ++t) {
-    out[t * out_stride] = _mm512_reduce_add_ps(_mm512_add_ps(even[t], odd[t])) + bias;
+  if (p < pairs) decode_pair_avx512<F, TT>(row, p, blocks, x, even);
+  TP_UNROLL for (int t = 0; t < TT; ++t) sums[t] = _mm512_add_ps(even[t], odd[t]);
+}
+
+/// Lane i of the result is the sum of the lanes of v[(i % 4) * 4 + i / 4] (a transposing tree of adds:
+/// about two instructions a vector, against eight for each vector's own sum). Overwrites v.
+TP_AVX512 inline __m512 sum_lanes16(__m512* v) {
+  for (int i = 0; i < 8; ++i) {
+    v[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
   }
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xDD));
+  }
+  for (int i = 0; i < 2; ++i) {
+    v[i] = _mm512_add_ps(_mm512_shuffle_ps(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_ps(v[2 * i], v[2 * i + 1], 0xEE));
+  }
+  return _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], 0x88), _mm512_shuffle_ps(v[0], v[1], 0xDD));
 }
 
 /// Output rows [row_begin, row_end) for tokens < kTileTokens, one row after another (one stream
-/// from memory: faster here than several rows at once); y[t * out_features + o].
-template <bool Q8>
+/// from memory: faster here than several rows at once); y[t * out_features + o]. One token's rows
+/// are summed 16 at a time (rows of a few blocks spent a fifth of their time on their own sums).
+template <QuantFormat F>
 TP_AVX512 void decode_rows_avx512(const uint8_t* w, int64_t row_bytes, int64_t blocks, const PairedTokens& x,
                                   int64_t tokens, int64_t row_begin, int64_t row_end, float* y, int64_t out_features,
                                   const float* bias) {
+  if (tokens == 1) {
+    for (int64_t o = row_begin; o < row_end; o += 16) {
+      const int n = static_cast<int>(std::min<int64_t>(16, row_end - o));
+      __m512 sums[16];
+      for (int r = 0; r < 16; ++r) {
+        __m512& slot = sums[(r % 4) * 4 + r / 4];
+        if (r < n) {
+          decode_row_avx512<F, 1>(w + (o + r) * row_bytes, blocks, x, &slot);
+        } else {
+          slot = _mm512_setzero_ps();
+        }
+      }
+      const __mmask16 rows = static_cast<__mmask16>((1u << n) - 1);
+      const __m512 b = bias ? _mm512_maskz_loadu_ps(rows, bias + o) : _mm512_setzero_ps();
+      _mm512_mask_storeu_ps(y + o, rows, _mm512_add_ps(sum_lanes16(sums), b));
+    }
+    return;
+  }
   for (int64_t o = row_begin; o < row_end; ++o) {
     const float b = bias ? bias[o] : 0.0f;
+    __m512 sums[3];
     switch (tokens) {
-      case 3: decode_row_avx512<Q8, 3>(w + o * row_bytes, blocks, x, y + o, out_features, b); break;
-      case 2: decode_row_avx512<Q8, 2>(w + o * row_bytes, blocks, x, y + o, out_features, b); break;
-      default: decode_row_avx512<Q8, 1>(w + o * row_bytes, blocks, x, y + o, out_features, b); break;
+      case 3: decode_row_avx512<F, 3>(w + o * row_bytes, blocks, x, sums); break;
+      default: decode_row_avx512<F, 2>(w + o * row_bytes, blocks, x, sums); break;
     }
+    for (int64_t t = 0; t < tokens; ++t) y[t * out_features + o] = _mm512_reduce_add_ps(sums[t]) + b;
   }
 }
 
@@ -414,7 +481,8 @@ TP_AVX512 void decode_avx512(const uint8_t* w, int64_t row_bytes, int64_t rows, 
       default: decode_group_avx512<Q8, 1>(w + o * row_bytes, x, y + o, rows, b); break;
     }
   }
-  if (o < row_end) decode_rows_avx512<Q8>(w, row_bytes, x.blocks, paired, tokens, o, row_end, y, rows, bias);
+  constexpr QuantFormat kFormat = Q8 ? QuantFormat::kQ8_0 : QuantFormat::kQ4_0;
+  if (o < row_end) decode_rows_avx512<kFormat>(w, row_bytes, x.blocks, paired, tokens, o, row_end, y, rows, bias);
 }
 
 // ---- prefill from kRows16 weights: the decoding kernel above, kGroupTokens tokens at a time
@@ -680,10 +748,20 @@ QuantKernel resolve(QuantKernel kernel) {
   return cpu_has_avx2() ? QuantKernel::kAvx2 : QuantKernel::kScalar;
 }
 
+template <QuantFormat F>
+DotFn dot_for(QuantKernel kernel) {
+  return kernel == QuantKernel::kAvx2 ? dot32_avx2<F> : dot32_scalar<F>;
+}
+
 DotFn dot_for(QuantFormat format, QuantKernel kernel) {
-  const bool avx2 = kernel == QuantKernel::kAvx2;
-  if (format == QuantFormat::kQ8_0) return avx2 ? dot_q8_0_avx2 : dot_q8_0_scalar;
-  return avx2 ? dot_q4_0_avx2 : dot_q4_0_scalar;
+  switch (format) {
+    case QuantFormat::kQ8_0: return dot_for<QuantFormat::kQ8_0>(kernel);
+    case QuantFormat::kQ4_0: return dot_for<QuantFormat::kQ4_0>(kernel);
+    case QuantFormat::kQ4_1: return dot_for<QuantFormat::kQ4_1>(kernel);
+    case QuantFormat::kQ5_0: return dot_for<QuantFormat::kQ5_0>(kernel);
+    case QuantFormat::kQ5_1: return dot_for<QuantFormat::kQ5_1>(kernel);
+    default: return nullptr;
+  }
 }
 
 // One token's product splits on the decode team (base/parallel.h), cheap enough that small products
@@ -706,7 +784,7 @@ at::Tensor linear_avx512(QuantFormat format, QuantLayout layout, const float* sr
   const bool q8 = format == QuantFormat::kQ8_0;
   if (tokens == 0 || out_features == 0) return out;
   const int64_t blocks = in / kBlock;
-  const int64_t row_bytes = blocks * block::bytes_of(format);
+  const int64_t row_bytes = blocks * block_bytes(format);
   float* y = out.data_ptr<float>();
   // The threads take whole kRows16 groups of rows (so whole tiles; the last group may be short).
   constexpr int64_t kRows = block::kGroupRows;
@@ -748,20 +826,35 @@ at::Tensor linear_avx512(QuantFormat format, QuantLayout layout, const float* sr
   const RowTokens x{blocks, q.data(), d.data(), offsets.data()};
 
   if (!prefill) {
+    const block::Layout32 block_layout = block::layout32(format);
     const int64_t pairs = other_rows ? (blocks + 1) / 2 : 0;
     std::vector<int8_t> xq(tokens * pairs * kPairBytes);
-    std::vector<float> dx(tokens * pairs * 16);
+    std::vector<float> dx(tokens * pairs * 16), pair_sums(block_layout.stored_b ? tokens * pairs * 16 : 0);
     std::vector<int32_t> pair_init(tokens * pairs * 16);
     for (int64_t t = 0; t < tokens && pairs > 0; ++t) {
-      pair_token_avx512(q8, q.data() + t * in, d.data() + t * blocks, sums.data() + t * blocks, blocks,
-                        xq.data() + t * pairs * kPairBytes, dx.data() + t * pairs * 16, pair_init.data() + t * pairs * 16);
+      pair_token_avx512(block_layout, q.data() + t * in, d.data() + t * blocks, sums.data() + t * blocks, blocks,
+                        xq.data() + t * pairs * kPairBytes, dx.data() + t * pairs * 16, pair_init.data() + t * pairs * 16,
+                        pair_sums.data() + (block_layout.stored_b ? t * pairs * 16 : 0));
     }
-    const PairedTokens paired{pairs, xq.data(), dx.data(), pair_init.data()};
+    const PairedTokens paired{pairs, xq.data(), dx.data(), pair_init.data(), pair_sums.data()};
     for_rows([&](int64_t row_begin, int64_t row_end) {
-      if (q8) {
-        decode_avx512<true>(w, row_bytes, out_features, grouped_rows, x, paired, tokens, row_begin, row_end, y, bias);
-      } else {
-        decode_avx512<false>(w, row_bytes, out_features, grouped_rows, x, paired, tokens, row_begin, row_end, y, bias);
+      switch (format) {
+        case QuantFormat::kQ8_0:
+          decode_avx512<true>(w, row_bytes, out_features, grouped_rows, x, paired, tokens, row_begin, row_end, y, bias);
+          break;
+        case QuantFormat::kQ4_0:
+          decode_avx512<false>(w, row_bytes, out_features, grouped_rows, x, paired, tokens, row_begin, row_end, y, bias);
+          break;
+        case QuantFormat::kQ4_1:
+          decode_rows_avx512<QuantFormat::kQ4_1>(w, row_bytes, blocks, paired, tokens, row_begin, row_end, y, out_features, bias);
+          break;
+        case QuantFormat::kQ5_0:
+          decode_rows_avx512<QuantFormat::kQ5_0>(w, row_bytes, blocks, paired, tokens, row_begin, row_end, y, out_features, bias);
+          break;
+        case QuantFormat::kQ5_1:
+          decode_rows_avx512<QuantFormat::kQ5_1>(w, row_bytes, blocks, paired, tokens, row_begin, row_end, y, out_features, bias);
+          break;
+        default: break;
       }
     });
     return out;
@@ -845,8 +938,12 @@ at::Tensor quant_linear(QuantFormat format, const at::Tensor& x, const at::Tenso
     if (layout != QuantLayout::kBlocks) {
       throw InputError(fmt::format("{} linear reads GGUF's blocks (QuantLayout::kBlocks) only", format_name(format)));
     }
-    ggml::linear(format, kernel, src, tokens, in, w, out_features, b, out.data_ptr<float>());
-    return out;
+    // Decoding's few tokens with the 32-weight formats quantize their activations like the rest of
+    // this file (as llama.cpp does); prompts, and the K-quants, multiply float activations.
+    if (!block::is_block32(format) || tokens >= kTileTokens) {
+      ggml::linear(format, kernel, src, tokens, in, w, out_features, b, out.data_ptr<float>());
+      return out;
+    }
   }
   if (kernel == QuantKernel::kAvx512) return linear_avx512(format, layout, src, tokens, in, w, out_features, b, out);
   // The plain kernels read GGUF rows only.

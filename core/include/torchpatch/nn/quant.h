@@ -119,9 +119,10 @@ TORCHPATCH_API bool quant_kernel_available(QuantKernel kernel);
 /// threads. The AVX-512 kernel decodes kRows16 16 rows at a time and gathers its prefill tiles from
 /// it; the scalar and AVX2 kernels read an unpacked copy. Only AVX-512 decoding adds in another order
 /// than from kBlocks: every other path gives the same results bit for bit.
-/// The formats read from GGUF files (Q4_1 ... Q6_K, kBlocks only) take one path whatever the kernel:
-/// each weight row is dequantized once in cache and multiplied with the float32 activations, so the
-/// result is the dequantized product within float rounding (nn/quant_ggml.h); CPU only.
+/// The formats read from GGUF files (Q4_1 ... Q6_K, kBlocks only, CPU only): decoding's 1-3 tokens of
+/// the 32-weight ones (Q4_1, Q5_0, Q5_1) quantize the activations as Q8_0 and Q4_0 do, with the same
+/// kernels; 4 tokens and more, and the K-quants, multiply each weight row dequantized once in cache
+/// with the float32 activations: the dequantized product within float rounding (nn/quant_ggml.h).
 /// On a CUDA device (torchpatch built with CUDA): x float32, bfloat16 or float16, blocks kBlocks on the
 /// same device, the result in x's dtype; activations are not quantized there (nn/quant_device.h).
 TORCHPATCH_API at::Tensor quant_linear(QuantFormat format, const at::Tensor& x, const at::Tensor& blocks,
