@@ -458,6 +458,42 @@ TEST_CASE("GGUF: a file no family reads is refused naming its architecture and t
   CHECK_THAT(r.out, Contains("general.architecture 'test'") && !Contains("Exception raised from"));
 }
 
+TEST_CASE("GGUF: a SentencePiece vocabulary gives transformers' ids, with Llama's, Phi-3's and Gemma's pipelines",
+          "[gguf][tokenizer]") {
+  // Vocabulary-only files of a 32,000-token SentencePiece vocabulary with scores and no merges
+  // (tests/data/gguf/make_sentencepiece_gguf.py): the merges come from the scores (Gemma's from the
+  // tokens' order), the pipeline from the architecture.
+  const auto dir = gguf_data("sentencepiece");
+  const auto reference = read_json(dir / "reference.json");
+  const auto texts = read_json(testutil::data_dir() / reference["texts"].get<std::string>())["texts"];
+  for (const auto& [name, file] : reference["files"].items()) {
+    const auto tokenizer = gguf_tokenizer(dir / name);
+    const auto& cases = file["cases"];
+    REQUIRE(cases.size() >= 400);
+    size_t equal = 0;
+    for (const auto& c : cases) {
+      const auto text = texts[c["text"].get<size_t>()]["text"].get<std::string>();
+      INFO(name << " text " << c["text"] << ": " << text);
+      const auto want = c["ids"].get<std::vector<int64_t>>();
+      const auto ids = tokenizer.encode(text).ids;
+      CHECK(ids == want);
+      equal += ids == want;
+      auto plain = want;
+      if (!plain.empty() && plain.front() == tokenizer.bos_token_id()) plain.erase(plain.begin());
+      if (c.contains("ids_add_special_tokens_false")) plain = c["ids_add_special_tokens_false"].get<std::vector<int64_t>>();
+      CHECK(tokenizer.encode(text, false).ids == plain);
+      CHECK(tokenizer.decode(ids, /*skip_special_tokens=*/true) == c.value("decoded", text));
+    }
+    std::cout << name << ": " << equal << " of " << cases.size() << " texts give transformers' ids\n";
+  }
+  // Gemma's special tokens by their own names; a run of spaces the file spells "  " is found as "▁▁"
+  // (259 in this vocabulary).
+  const auto gemma = gguf_tokenizer(dir / "gemma2.gguf");
+  CHECK(gemma.bos_token_id() == 32000);
+  CHECK(gemma.pad_token_id() == 32002);
+  CHECK(gemma.encode("  ", false).ids == std::vector<int64_t>{259});
+}
+
 TEST_CASE("GGUF: save --format gguf writes what llama.cpp's converter writes, and reads back bit for bit", "[gguf][cli]") {
   // llama_basic from its hub checkpoint: the same tensors, names and q/k order as the gguf package's file.
   const auto written = testutil::temp_file("llama_basic_written.gguf");

@@ -103,12 +103,12 @@ struct TORCHPATCH_API SaveOptions {
   /// The directory the model was loaded from: its companion files (kCompanionFiles that it holds)
   /// are written beside the new checkpoint, so the copy tokenizes and generates as the original
   /// does. Empty: none.
-  std::filesystem::path companions_from;
+  std::filesystem::path companions_from = {};
   /// Companion files to write beside the checkpoint by name and content, over those copied from
   /// companions_from (a GGUF model's tokenizer.json, rebuilt from the file).
-  std::vector<std::pair<std::string, std::string>> companion_texts;
+  std::vector<std::pair<std::string, std::string>> companion_texts = {};
   /// Hears the bytes of weights written so far.
-  Progress progress;
+  Progress progress = {};
 };
 
 /// The files beside the weights that a checkpoint directory carries for tokenizing and generating:

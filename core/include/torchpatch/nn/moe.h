@@ -112,7 +112,7 @@ struct TORCHPATCH_API ExpertProjections {
   std::function<at::Tensor(int64_t expert, const at::Tensor& x)> gate_up;
   std::function<at::Tensor(int64_t expert, const at::Tensor& x)> down;
   /// gate_up's output [n, 2*Im] -> down's input [n, Im]; when empty, act(first half) * second half.
-  std::function<at::Tensor(const at::Tensor& gate_up)> glu;
+  std::function<at::Tensor(const at::Tensor& gate_up)> glu = {};
 };
 
 /// The grouped experts loop: token-expert pairs sorted by expert once, each chosen expert's gated MLP
