@@ -117,6 +117,31 @@ TEST_CASE("a token's outputs from kRows16 weights do not depend on how many toke
   }
 }
 
+TEST_CASE("with AVX2 a token's outputs do not depend on how many tokens share the product", "[quant][kernels]") {
+  // One token takes the dot kernel, more the tiles of 4 rows x 2 tokens, with the same operations.
+  if (!torchpatch::nn::quant_kernel_available(QuantKernel::kAvx2)) {
+    WARN("no AVX2 on this CPU: nothing to compare");
+    return;
+  }
+  at::manual_seed(15);
+  KernelChoice choice(QuantKernel::kAvx2);
+  for (const auto format : {QuantFormat::kQ8_0, QuantFormat::kQ4_0}) {
+    const int64_t rows = 23, in = 160;  // a short last tile of rows; 3 and 1 tokens after the pairs
+    const auto blocks = torchpatch::nn::quantize(format, at::randn({rows, in}), "w");
+    const auto bias = at::randn({rows});
+    for (const int64_t tokens : {2, 3, 7}) {
+      const auto x = at::randn({tokens, in});
+      const auto together = torchpatch::nn::quant_linear(format, x, blocks, rows, bias);
+      for (int64_t t = 0; t < tokens; ++t) {
+        const auto alone = torchpatch::nn::quant_linear(format, x.narrow(0, t, 1), blocks, rows, bias);
+        INFO(torchpatch::nn::format_name(format) << " tokens " << tokens << " token " << t << " max difference "
+                                                 << (alone[0] - together[t]).abs().max().item<float>());
+        CHECK(at::equal(alone[0], together[t]));
+      }
+    }
+  }
+}
+
 TEST_CASE("a quantized product is the same with one thread and with two", "[quant][kernels]") {
   at::manual_seed(12);
   // A single token's product gets a part per 64 KB of weights: 1040 x 1024 splits at two threads.

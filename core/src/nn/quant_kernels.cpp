@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <type_traits>
 #include <cstring>
 #include <vector>
 
@@ -150,6 +151,92 @@ __attribute__((target("avx2,fma,f16c"))) float dot32_avx2(const uint8_t* w, cons
     if constexpr (L.stored_b) stored += half_avx2(wb + kScaleBytes) * (x.d[b] * static_cast<float>(x.sum[b]));
   }
   return hsum_avx2(acc) + stored;
+}
+
+// Rows [0, RT) (each `row_bytes` from the last) x tokens x[0, TT) of the AVX2 product, into
+// out[t * out_stride + r] (plus bias[r]): each weight block is loaded, unpacked and scaled once for TT
+// tokens, each activation block once for RT rows, and every (row, token) takes the operations of
+// dot32_avx2 in the same order, so a token's outputs do not depend on the tile it falls in.
+template <QuantFormat F, int RT, int TT>
+__attribute__((target("avx2,fma,f16c"))) void tile32_avx2(const uint8_t* w, int64_t row_bytes, const QuantizedRow* x,
+                                                          int64_t blocks, float* out, int64_t out_stride,
+                                                          const float* bias) {
+  constexpr block::Layout32 L = block::layout32(F);
+  __m256 acc[RT][TT];
+  float stored[RT][TT] = {};
+  for (int r = 0; r < RT; ++r) {
+    for (int t = 0; t < TT; ++t) acc[r][t] = _mm256_setzero_ps();
+  }
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i qx[TT];
+    for (int t = 0; t < TT; ++t) qx[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t].q + b * kBlock));
+    for (int r = 0; r < RT; ++r) {
+      const uint8_t* wb = w + r * row_bytes + b * L.bytes;
+      const float dw = half_avx2(wb);
+      __m256i qw, unsigned_w;
+      if constexpr (F == QuantFormat::kQ8_0) {
+        qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kScaleBytes));
+        unsigned_w = _mm256_sign_epi8(qw, qw);
+      } else {
+        unsigned_w = block::quants32_avx2<F>(wb);
+      }
+      for (int t = 0; t < TT; ++t) {
+        __m256i products;
+        if constexpr (F == QuantFormat::kQ8_0) {
+          products = dot_us8_avx2(unsigned_w, _mm256_sign_epi8(qx[t], qw));
+        } else {
+          products = _mm256_add_epi32(dot_us8_avx2(unsigned_w, qx[t]), _mm256_set1_epi32(-(L.offset / 8) * x[t].sum[b]));
+        }
+        acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * x[t].d[b]), _mm256_cvtepi32_ps(products), acc[r][t]);
+        if constexpr (L.stored_b) {
+          stored[r][t] += half_avx2(wb + kScaleBytes) * (x[t].d[b] * static_cast<float>(x[t].sum[b]));
+        }
+      }
+    }
+  }
+  for (int r = 0; r < RT; ++r) {
+    for (int t = 0; t < TT; ++t) out[t * out_stride + r] = hsum_avx2(acc[r][t]) + stored[r][t] + (bias ? bias[r] : 0.0f);
+  }
+}
+
+// Rows [begin, end) x every token with AVX2, in tiles of 4 rows x 2 tokens (a token's rows stay in L1,
+// the tokens' activations in L2).
+template <QuantFormat F>
+__attribute__((target("avx2,fma,f16c"))) void tiles32_avx2(const uint8_t* w, int64_t row_bytes,
+                                                           const std::vector<QuantizedRow>& x, int64_t blocks,
+                                                           int64_t begin, int64_t end, float* y, int64_t out_features,
+                                                           const float* bias) {
+  const auto tokens = static_cast<int64_t>(x.size());
+  for (int64_t o = begin; o < end; o += 4) {
+    const uint8_t* rows = w + o * row_bytes;
+    const float* b = bias ? bias + o : nullptr;
+    const auto tile = [&](auto rt) {
+      constexpr int RT = decltype(rt)::value;
+      int64_t t = 0;
+      for (; t + 2 <= tokens; t += 2) tile32_avx2<F, RT, 2>(rows, row_bytes, &x[t], blocks, y + t * out_features + o, out_features, b);
+      if (t < tokens) tile32_avx2<F, RT, 1>(rows, row_bytes, &x[t], blocks, y + t * out_features + o, out_features, b);
+    };
+    switch (std::min<int64_t>(4, end - o)) {
+      case 4: tile(std::integral_constant<int, 4>()); break;
+      case 3: tile(std::integral_constant<int, 3>()); break;
+      case 2: tile(std::integral_constant<int, 2>()); break;
+      default: tile(std::integral_constant<int, 1>()); break;
+    }
+  }
+}
+
+using TilesFn = void (*)(const uint8_t*, int64_t, const std::vector<QuantizedRow>&, int64_t, int64_t, int64_t, float*,
+                         int64_t, const float*);
+
+TilesFn tiles_avx2_for(QuantFormat format) {
+  switch (format) {
+    case QuantFormat::kQ8_0: return tiles32_avx2<QuantFormat::kQ8_0>;
+    case QuantFormat::kQ4_0: return tiles32_avx2<QuantFormat::kQ4_0>;
+    case QuantFormat::kQ4_1: return tiles32_avx2<QuantFormat::kQ4_1>;
+    case QuantFormat::kQ5_0: return tiles32_avx2<QuantFormat::kQ5_0>;
+    case QuantFormat::kQ5_1: return tiles32_avx2<QuantFormat::kQ5_1>;
+    default: return nullptr;
+  }
 }
 
 // -- AVX-512 VNNI ---------------------------------------------------------------------------------------
@@ -962,6 +1049,15 @@ at::Tensor quant_linear(QuantFormat format, const at::Tensor& x, const at::Tenso
 
   float* y = out.data_ptr<float>();
   const int64_t row_bytes = blocks.size(1);
+  if (kernel == QuantKernel::kAvx2 && tokens > 1) {
+    std::vector<QuantizedRow> rows(tokens);
+    for (int64_t t = 0; t < tokens; ++t) rows[t] = {q.data() + t * in, d.data() + t * per_row, sums.data() + t * per_row};
+    const TilesFn tiles = tiles_avx2_for(format);
+    split_rows(tokens, 0, (out_features + 3) / 4, 4, [&](int64_t begin, int64_t end) {
+      tiles(w, row_bytes, rows, per_row, begin * 4, std::min(out_features, end * 4), y, out_features, b);
+    });
+    return out;
+  }
   const DotFn dot = dot_for(format, kernel);
   // Each weight row is read once from memory and reused from cache for every token.
   split_rows(tokens, 0, out_features, 16, [&](int64_t begin, int64_t end) {
