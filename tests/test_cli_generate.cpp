@@ -1,6 +1,7 @@
 // torchpatch generate and bench as a user runs them.
 #include "test_prelude.h"
 #include "test_util.h"
+#include "torchpatch/nn/quant.h"
 #include "torchpatch/nn/attention.h"
 #include "cli_util.h"
 
@@ -113,6 +114,35 @@ TEST_CASE("cli bench prints both ratios", "[cli][bench]") {
   for (const auto& row : j["results"]) {
     CHECK(row["decode_fraction_of_bandwidth_limit"].get<double>() > 0);
     CHECK(row["prefill_fraction_of_matmul_rate"].get<double>() > 0);
+  }
+  // It says which quantized kernel ran, in which layout.
+  const bool avx512 = torchpatch::nn::quant_kernel_available(torchpatch::nn::QuantKernel::kAvx512);
+  CHECK(j["quant_kernel"] == (avx512 ? "avx512" : torchpatch::nn::quant_kernel_available(torchpatch::nn::QuantKernel::kAvx2) ? "avx2" : "scalar"));
+  CHECK(j["quant_layout"] == (avx512 ? "kRows16" : "kBlocks"));
+}
+
+TEST_CASE("cli bench --quant-kernel runs the kernel named, and refuses one the CPU lacks", "[cli][bench]") {
+  const auto r = torchpatch_cli("bench --preset tiny-llama --prompt-len 8 --decode-tokens 2 --repeats 1 --no-fused "
+                                "--no-blas --no-eager-attention --quant-kernel scalar --json");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["quant_kernel"] == "scalar");
+  CHECK(j["quant_layout"] == "kBlocks");
+  CHECK(j["results"].size() == 3);  // built-in, quantized q8_0 and q4_0
+  const auto typo = torchpatch_cli("bench --preset tiny-llama --quant-kernel avx3");
+  CHECK(typo.code != 0);
+  CHECK_THAT(typo.out, Contains("--quant-kernel: 'avx3' is not a kernel (auto, avx512, avx2, scalar)"));
+  if (torchpatch::nn::quant_kernel_available(torchpatch::nn::QuantKernel::kAvx2)) {  // GGUF's own rows for it
+    const auto avx2 = torchpatch_cli("bench --preset tiny-llama --prompt-len 8 --decode-tokens 2 --repeats 1 --no-fused "
+                                     "--no-blas --no-eager-attention --no-quantized --quant-kernel AVX2 --json");
+    REQUIRE(avx2.code == 0);
+    CHECK(nlohmann::json::parse(avx2.out)["quant_layout"] == "kBlocks");
+  }
+  if (!torchpatch::nn::quant_kernel_available(torchpatch::nn::QuantKernel::kAvx512)) {
+    const auto lacking = torchpatch_cli("bench --preset tiny-llama --quant-kernel avx512");
+    CHECK(lacking.code != 0);
+    CHECK_THAT(lacking.out, Contains("--quant-kernel avx512: this CPU cannot run it (it runs "));
   }
 }
 

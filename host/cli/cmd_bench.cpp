@@ -24,6 +24,7 @@
 #include "torchpatch/nn/attention.h"
 #include "torchpatch/nn/linear.h"
 #include "torchpatch/nn/mlp.h"
+#include "torchpatch/nn/quant.h"
 #include "torchpatch/models/blocks.h"
 #include "torchpatch/nn/moe.h"
 #include "torchpatch/patching/registry.h"
@@ -262,12 +263,28 @@ void measure_variants(PluginHost& host, BuiltModel& built, const Args& args, con
   }
 }
 
+// --quant-kernel NAME for the whole run (the model is then built in the layout that kernel reads).
+void choose_quant_kernel(const std::string& name) {
+  const auto kernel = nn::parse_quant_kernel(name);
+  if (!kernel) throw UsageError(fmt::format("--quant-kernel: '{}' is not a kernel (auto, avx512, avx2, scalar)", name));
+  if (!nn::quant_kernel_available(*kernel)) {
+    std::string runs;
+    for (const auto k : {nn::QuantKernel::kAvx512, nn::QuantKernel::kAvx2, nn::QuantKernel::kScalar}) {
+      if (nn::quant_kernel_available(k)) runs += std::string(runs.empty() ? "" : ", ") + nn::quant_kernel_name(k);
+    }
+    throw UsageError(fmt::format("--quant-kernel {}: this CPU cannot run it (it runs {})", name, runs));
+  }
+  nn::set_quant_kernel(*kernel);
+}
+
 void print_machine(const nlohmann::json& report) {
   std::cout << fmt::format("machine: copy bandwidth {:.2f} GB/s (memcpy of 256 MiB, read + written, best of before and after the variants), float32 matmul "
-                           "{:.1f} GFLOP/s (128x1024x1024, oneDNN; the system BLAS {:.1f}), {} thread(s)\n",
+                           "{:.1f} GFLOP/s (128x1024x1024, oneDNN; the system BLAS {:.1f}), {} thread(s), quantized "
+                           "kernel {} ({} layout)\n",
                            report["copy_bandwidth_bytes_per_second"].get<double>() / 1e9,
                            report["matmul_flops_per_second"].get<double>() / 1e9,
-                           report["blas_matmul_flops_per_second"].get<double>() / 1e9, report["threads"].get<int>());
+                           report["blas_matmul_flops_per_second"].get<double>() / 1e9, report["threads"].get<int>(),
+                           report["quant_kernel"].get<std::string>(), report["quant_layout"].get<std::string>());
 }
 
 void print_table(const nlohmann::json& report) {
@@ -315,7 +332,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
                 {"no-fused", "", "skip the FusedQKVAttention variant"},
                 {"no-blas", "", "skip the variant whose float32 products run on the system BLAS"},
                 {"no-eager-attention", "", "skip the variant whose prefill attention is eager instead of fused"},
-                {"no-quantized", "", "skip the q8_0 and q4_0 variants"}});
+                {"no-quantized", "", "skip the q8_0 and q4_0 variants"},
+                {"quant-kernel", "NAME", "the quantized products' kernel: auto (default: the best this CPU has), avx512, "
+                                         "avx2 or scalar"}});
   const Args args(specs, argv);
   if (args.flag("help")) {
     std::cout << usage("bench",
@@ -330,6 +349,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const int64_t repeats_wanted = int_option(args, "repeats", 3, 1);
   if (repeats_wanted > 1000000) throw UsageError(fmt::format("--repeats: {} is more than 1000000", repeats_wanted));
   const int repeats = static_cast<int>(repeats_wanted);
+  if (args.has("quant-kernel")) choose_quant_kernel(args.value("quant-kernel"));
   // One thread unless asked: on the CPU the figures compare with the one-thread limits. On a GPU the
   // host only loads (and quantizes) the weights, with every core.
   const bool on_gpu = args.has("device") && args.value("device") != "cpu";
@@ -404,6 +424,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
                               {"parameters", parameters},
                               {"weight_bytes_per_token", bytes},
                               {"threads", at::get_num_threads()},
+                              {"quant_kernel", nn::quant_kernel_name(nn::active_quant_kernel())},
+                              {"quant_layout", nn::preferred_quant_layout() == nn::QuantLayout::kRows16 ? "kRows16" : "kBlocks"},
                               {"prompt_len", prompt_len},
                               {"decode_tokens", decode_tokens},
                               {"copy_bandwidth_bytes_per_second", bandwidth},

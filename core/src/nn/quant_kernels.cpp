@@ -33,6 +33,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <type_traits>
 #include <cstring>
@@ -985,6 +986,27 @@ void check_operands(QuantFormat format, const at::Tensor& x, const at::Tensor& b
 QuantKernel set_quant_kernel(QuantKernel kernel) { return chosen_kernel.exchange(kernel); }
 
 QuantKernel ggml::resolved_quant_kernel() { return resolve(chosen_kernel.load()); }
+
+QuantKernel active_quant_kernel() { return resolve(chosen_kernel.load()); }
+
+const char* quant_kernel_name(QuantKernel kernel) {
+  switch (kernel) {
+    case QuantKernel::kAuto: return "auto";
+    case QuantKernel::kScalar: return "scalar";
+    case QuantKernel::kAvx2: return "avx2";
+    case QuantKernel::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
+std::optional<QuantKernel> parse_quant_kernel(const std::string& name) {
+  std::string lower = name;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  for (const auto kernel : {QuantKernel::kAuto, QuantKernel::kScalar, QuantKernel::kAvx2, QuantKernel::kAvx512}) {
+    if (lower == quant_kernel_name(kernel)) return kernel;
+  }
+  return std::nullopt;
+}
 
 bool quant_kernel_available(QuantKernel kernel) {
   switch (kernel) {

@@ -96,7 +96,8 @@ GgufBlocksOnly::~GgufBlocksOnly() { --gguf_blocks_only; }
 
 QuantLayout preferred_quant_layout() {
   if (gguf_blocks_only > 0) return QuantLayout::kBlocks;
-  return quant_kernel_available(QuantKernel::kAvx512) ? QuantLayout::kRows16 : QuantLayout::kBlocks;
+  // kRows16 is the AVX-512 kernel's own: the others would unpack it for every product.
+  return active_quant_kernel() == QuantKernel::kAvx512 ? QuantLayout::kRows16 : QuantLayout::kBlocks;
 }
 
 QuantLayout preferred_quant_layout(QuantFormat format) {

@@ -73,8 +73,9 @@ enum class QuantLayout {
 // 0x80, the unsigned bytes VNNI multiplies); Q4_0's bytes are GGUF's. A group is as long as its 16
 // rows were, so the tail rows sit where they were.
 
-/// The layout quant_linear reads Q8_0 and Q4_0 fastest on this CPU: kRows16 with AVX-512 VNNI, else
-/// kBlocks; kBlocks while a GgufBlocksOnly is alive on this thread.
+/// The layout quant_linear reads Q8_0 and Q4_0 fastest with the kernel it runs now
+/// (active_quant_kernel): kRows16 with kAvx512, else kBlocks; kBlocks while a GgufBlocksOnly is
+/// alive on this thread.
 TORCHPATCH_API QuantLayout preferred_quant_layout();
 /// The layout for `format`: preferred_quant_layout() for Q8_0 and Q4_0, kBlocks for the others.
 TORCHPATCH_API QuantLayout preferred_quant_layout(QuantFormat format);
@@ -113,6 +114,16 @@ TORCHPATCH_API QuantKernel set_quant_kernel(QuantKernel kernel);
 
 /// Whether this CPU runs `kernel` itself (kAuto and kScalar always).
 TORCHPATCH_API bool quant_kernel_available(QuantKernel kernel);
+
+/// The kernel quant_linear runs now: set_quant_kernel's choice resolved for this CPU (kScalar, kAvx2
+/// or kAvx512).
+TORCHPATCH_API QuantKernel active_quant_kernel();
+
+/// "auto", "scalar", "avx2" or "avx512".
+TORCHPATCH_API const char* quant_kernel_name(QuantKernel kernel);
+
+/// The kernel named as quant_kernel_name names it (either case), or nullopt.
+TORCHPATCH_API std::optional<QuantKernel> parse_quant_kernel(const std::string& name);
 
 /// y = x W^T + bias for x float32 [..., in] and W's blocks uint8 [out_features, in / 32 * block_bytes]
 /// laid out as `layout` says: float32 [..., out_features]. Output rows are split across the intra-op
