@@ -129,35 +129,11 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256i dot_us8_avx2(__m256i u, 
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
-template <QuantFormat F>
-__attribute__((target("avx2,fma,f16c"))) float dot32_avx2(const uint8_t* w, const QuantizedRow& x, int64_t blocks) {
-  constexpr block::Layout32 L = block::layout32(F);
-  __m256 acc = _mm256_setzero_ps();
-  float stored = 0.0f;  // Q4_1, Q5_1: the blocks' b dx sum(x_q)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* wb = w + b * L.bytes;
-    const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + b * kBlock));
-    __m256i products;
-    if constexpr (F == QuantFormat::kQ8_0) {
-      // maddubs multiplies unsigned by signed bytes and saturates pairs of w + 128: |w| times x carrying
-      // w's sign is w * x, with no offset.
-      const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kScaleBytes));
-      products = dot_us8_avx2(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qx, qw));
-    } else {
-      // 8 lanes of -(offset / 8) sum(x_q) add up to the offset's part (offsets are multiples of 8).
-      products = _mm256_add_epi32(dot_us8_avx2(block::quants32_avx2<F>(wb), qx),
-                                  _mm256_set1_epi32(-(L.offset / 8) * x.sum[b]));
-    }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(half_avx2(wb) * x.d[b]), _mm256_cvtepi32_ps(products), acc);
-    if constexpr (L.stored_b) stored += half_avx2(wb + kScaleBytes) * (x.d[b] * static_cast<float>(x.sum[b]));
-  }
-  return hsum_avx2(acc) + stored;
-}
-
 // Rows [0, RT) (each `row_bytes` from the last) x tokens x[0, TT) of the AVX2 product, into
 // out[t * out_stride + r] (plus bias[r]): each weight block is loaded, unpacked and scaled once for TT
-// tokens, each activation block once for RT rows, and every (row, token) takes the operations of
-// dot32_avx2 in the same order, so a token's outputs do not depend on the tile it falls in.
+// tokens, each activation block once for RT rows, and every (row, token) takes the same operations in
+// the same order whatever RT and TT, so a token's outputs do not depend on the tile it falls in
+// (decoding's 1 x 1 tile, dot32_avx2, included).
 template <QuantFormat F, int RT, int TT>
 __attribute__((target("avx2,fma,f16c"))) void tile32_avx2(const uint8_t* w, int64_t row_bytes, const QuantizedRow* x,
                                                           int64_t blocks, float* out, int64_t out_stride,
@@ -176,6 +152,8 @@ __attribute__((target("avx2,fma,f16c"))) void tile32_avx2(const uint8_t* w, int6
       const float dw = half_avx2(wb);
       __m256i qw, unsigned_w;
       if constexpr (F == QuantFormat::kQ8_0) {
+        // maddubs multiplies unsigned by signed bytes and would saturate pairs of w + 128: |w| times x
+        // carrying w's sign is w * x, with no offset.
         qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + kScaleBytes));
         unsigned_w = _mm256_sign_epi8(qw, qw);
       } else {
@@ -186,6 +164,7 @@ __attribute__((target("avx2,fma,f16c"))) void tile32_avx2(const uint8_t* w, int6
         if constexpr (F == QuantFormat::kQ8_0) {
           products = dot_us8_avx2(unsigned_w, _mm256_sign_epi8(qx[t], qw));
         } else {
+          // 8 lanes of -(offset / 8) sum(x_q) add up to the offset's part (offsets are multiples of 8).
           products = _mm256_add_epi32(dot_us8_avx2(unsigned_w, qx[t]), _mm256_set1_epi32(-(L.offset / 8) * x[t].sum[b]));
         }
         acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * x[t].d[b]), _mm256_cvtepi32_ps(products), acc[r][t]);
@@ -224,6 +203,14 @@ __attribute__((target("avx2,fma,f16c"))) void tiles32_avx2(const uint8_t* w, int
       default: tile(std::integral_constant<int, 1>()); break;
     }
   }
+}
+
+// One row and one token (decoding): the 1 x 1 tile.
+template <QuantFormat F>
+float dot32_avx2(const uint8_t* w, const QuantizedRow& x, int64_t blocks) {
+  float out = 0.0f;
+  tile32_avx2<F, 1, 1>(w, 0, &x, blocks, &out, 1, nullptr);
+  return out;
 }
 
 using TilesFn = void (*)(const uint8_t*, int64_t, const std::vector<QuantizedRow>&, int64_t, int64_t, int64_t, float*,
