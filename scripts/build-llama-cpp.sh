@@ -14,6 +14,10 @@
 # Needs cmake, a C/C++ compiler and python3 (Ninja is used if present); the network only for PyPI.
 #   TORCHPATCH_DEPS_DIR  where it goes (default: build/_deps): the source in llama.cpp/src, the build
 #                        in llama.cpp/build, the programs in llama.cpp/build/bin
+#   TORCHPATCH_LLAMA_CPU native (default): tuned for this machine; avx2: for an x86 machine with AVX2,
+#                        FMA, F16C and BMI2 but no AVX-512 or AVX-VNNI (in llama.cpp/build-avx2), the
+#                        baseline that `torchpatch bench --quant-kernel avx2` is compared with on a
+#                        machine that has AVX-512
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deps=${TORCHPATCH_DEPS_DIR:-build/_deps}
@@ -27,8 +31,18 @@ sha256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 
 root=$deps/llama.cpp
 src=$root/src
-build=$root/build
-stamp=$root/installed
+cpu=${TORCHPATCH_LLAMA_CPU:-native}
+case $cpu in
+  native) build=$root/build; stamp=$root/installed
+          cpu_flags=(-DGGML_NATIVE=ON) ;;
+  avx2)   build=$root/build-avx2; stamp=$root/installed-avx2
+          cpu_flags=(-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
+                     -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF
+                     -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF) ;;
+  *) echo "build-llama-cpp: TORCHPATCH_LLAMA_CPU=$cpu is not a CPU level this script builds for." \
+          "Fix: set it to native or avx2." >&2
+     exit 2 ;;
+esac
 targets=(llama-bench llama-completion llama-quantize)
 
 report() {
@@ -36,7 +50,7 @@ report() {
   commit=$(cat "$root/commit" 2>/dev/null || echo unknown)
   ggml=$(sed -nE 's/^set\(GGML_VERSION_(MAJOR|MINOR|PATCH) ([0-9]+)\).*/\2/p' "$src/ggml/CMakeLists.txt" |
          paste -sd.)
-  echo "llama.cpp from llama-cpp-python $version: commit $commit, ggml $ggml"
+  echo "llama.cpp from llama-cpp-python $version: commit $commit, ggml $ggml, CPU level $cpu"
   local target
   for target in "${targets[@]}"; do
     echo "  $build/bin/$target"
@@ -122,7 +136,7 @@ fi
 # so); never fetched. LLAMA_OPENSSL off: nothing here downloads models. Examples are not needed.
 cmake -S "$src" -B "$build" "${generator[@]}" \
   -DCMAKE_BUILD_TYPE=Release \
-  -DGGML_NATIVE=ON \
+  "${cpu_flags[@]}" \
   -DGGML_OPENMP=ON -DGGML_OPENMP_FETCH=OFF \
   -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
   -DBUILD_SHARED_LIBS=OFF \

@@ -381,6 +381,36 @@ TEST_CASE("GGUF: llama.cpp's converter's files load as the reference checkpoints
   }
 }
 
+TEST_CASE("GGUF: a projection of one row written 1-D, as llama-quantize writes it, loads as its [1, in] weight",
+          "[gguf]") {
+  // ggml drops trailing dimensions of 1 when it writes a file: Qwen2-MoE's shared expert gate [1, hidden]
+  // leaves llama-quantize as [hidden]. The converter's file rewritten so must load as the same model.
+  const auto source = GgufFile::open(gguf_data("converted") / "qwen2_moe_basic.gguf");
+  std::vector<GgufTensorToWrite> tensors;
+  int flattened = 0;
+  for (const auto& t : source->tensors()) {
+    auto shape = t.shape();
+    if (t.name.find("ffn_gate_inp_shexp") != std::string::npos) {
+      REQUIRE(shape.size() == 2);
+      REQUIRE(shape[0] == 1);
+      shape.erase(shape.begin());
+      ++flattened;
+    }
+    tensors.push_back({t.name, t.type, shape, source->raw(t.name).reshape({-1})});
+  }
+  REQUIRE(flattened > 0);
+  const auto file = testutil::temp_file("qwen2moe-1d-gate.gguf");
+  save_gguf(file, source->metadata(), tensors);
+  const auto original = from_pretrained(source->path());
+  const auto flat = from_pretrained(file);
+  auto theirs = flat->named_parameters();
+  for (const auto& p : original->named_parameters()) {
+    INFO(p.key());
+    CHECK(at::equal(p.value(), theirs[p.key()]));
+  }
+  std::filesystem::remove(file);
+}
+
 TEST_CASE("GGUF: a Phi-3 file with LongRoPE's factors is refused naming the tensor, not run with plain RoPE", "[gguf]") {
   static PluginHost host;  // the phi3 family
   static const bool loaded = (host.load_directory(TORCHPATCH_BUNDLED_PLUGIN_DIR, PluginMode::Catalogue), true);
@@ -564,6 +594,13 @@ TEST_CASE("GGUF: presets of the families with a GGUF architecture go through GGU
           plus_one ? at::equal(p.value() + 1, theirs[p.key()] + 1) : at::equal(p.value(), theirs[p.key()]);
       CHECK(same);
     }
+    // Without a vocabulary of its own the file says so as llama.cpp does, and reading text from it
+    // asks for a tokenizer.
+    const auto* vocabulary = GgufFile::open(file)->find_value("tokenizer.ggml.model");
+    REQUIRE(vocabulary != nullptr);
+    CHECK(vocabulary->text == "none");
+    CHECK(gguf_tokenizer_files(file).empty());
+    CHECK_THROWS_WITH(gguf_tokenizer(file), Contains("carries no vocabulary") && Contains("--tokenizer"));
     std::filesystem::remove(file);
   }
 }

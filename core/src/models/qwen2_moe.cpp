@@ -82,7 +82,10 @@ GgufArchitecture gguf_architecture(const DecoderTraits& traits) {
                        GgufTensorTransform::kNone, kProjection});
   a.tensors.push_back({"blk.{}.ffn_down_shexp.weight", "model.layers.{}.mlp.shared_expert.down_proj.weight",
                        GgufTensorTransform::kNone, kProjection});
-  a.tensors.push_back({"blk.{}.ffn_gate_inp_shexp.weight", "model.layers.{}.mlp.shared_expert_gate.weight"});
+  // A projection too (a Linear of one row): where the file holds it in float, as llama-quantize leaves
+  // it, a quantized model keeps it in float.
+  a.tensors.push_back({"blk.{}.ffn_gate_inp_shexp.weight", "model.layers.{}.mlp.shared_expert_gate.weight",
+                       GgufTensorTransform::kNone, kProjection});
   a.metadata = [traits](const nlohmann::json& c) { return gguf_metadata(c, traits); };
   return a;
 }

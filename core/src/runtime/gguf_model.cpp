@@ -73,6 +73,7 @@ class GgufWeights final : public checkpoint::TensorSource {
     GgufTensorTransform transform;
     int64_t expert = -1;                     // the expert of a stacked experts tensor this hub tensor is; -1: the whole tensor
     const GgufTensorInfo* second = nullptr;  // the other tensor of a joined pair (kJoin*)
+    bool one_row = false;                    // a projection [1, in] the file holds as [in]
   };
 
   // `blocks`: the hub names served as the file's blocks (uint8 rows) rather than dequantized.
@@ -101,6 +102,10 @@ class GgufWeights final : public checkpoint::TensorSource {
       info.name = hub;
       info.dtype = blocks_.count(hub) ? checkpoint::Dtype::U8 : checkpoint::Dtype::F32;
       info.shape = t.shape();
+      // ggml drops a tensor's trailing dimensions of 1 (ggml_n_dims), so llama-quantize writes a
+      // projection of one row (Qwen2-MoE's shared expert gate) as [in]; its weight is [1, in].
+      const bool one_row = rule != nullptr && rule->projection && info.shape.size() == 1;
+      if (one_row) info.shape.insert(info.shape.begin(), 1);
       if (blocks_.count(hub)) {
         const auto& type = checkpoint::ggml_type_info(t.type);
         info.shape.back() = info.shape.back() / type.block_size * type.type_size;
@@ -110,7 +115,8 @@ class GgufWeights final : public checkpoint::TensorSource {
       }
       info.begin = t.begin;
       info.end = t.end;
-      add(Entry{&t, rule == nullptr ? GgufTensorTransform::kNone : rule->transform}, std::move(info));
+      add(Entry{&t, rule == nullptr ? GgufTensorTransform::kNone : rule->transform, -1, nullptr, one_row},
+          std::move(info));
     }
   }
 
@@ -135,13 +141,14 @@ class GgufWeights final : public checkpoint::TensorSource {
   at::Tensor tensor(const std::string& name) const override {
     const auto it = entries_.find(name);
     if (it == entries_.end()) throw CheckpointError(fmt::format("{}: no tensor named '{}'", path().string(), name));
-    const auto& [gguf, transform, expert, second] = it->second;
+    const auto& [gguf, transform, expert, second, one_row] = it->second;
     if (second != nullptr) {
       return gguf_pairs::join(transform, file_->tensor(gguf->name).to(at::kFloat), file_->tensor(second->name).to(at::kFloat));
     }
     auto t = expert >= 0 ? expert_tensor(*gguf, expert)
                          : blocks_.count(name) ? file_->raw(gguf->name) : file_->tensor(gguf->name);
     if (!blocks_.count(name) && t.scalar_type() != at::kFloat) t = t.to(at::kFloat);
+    if (one_row) t = t.unsqueeze(0);
     switch (transform) {
       case GgufTensorTransform::kNone: return t;
       case GgufTensorTransform::kUnpermuteQ: return unpermute(t, heads_, gguf->name, path());
@@ -414,7 +421,11 @@ GgufSaveReport save_gguf_model(const PretrainedModel& model, const fs::path& fil
     }
     report.tokenizer = source->find_value("tokenizer.ggml.model") ? "the GGUF file's" : "none (the GGUF file had none)";
   } else {
-    report.tokenizer = "none: the model was not read from a GGUF file (llama.cpp needs a tokenizer to run the file)";
+    // llama.cpp's name for a file without a vocabulary: it runs the weights (llama-bench, token ids)
+    // but cannot read text.
+    metadata.emplace_back("tokenizer.ggml.model", checkpoint::GgufValue::of(std::string("none")));
+    report.tokenizer = "none: the model was not read from a GGUF file, so the file says tokenizer.ggml.model 'none' "
+                       "(llama.cpp runs its weights, as llama-bench does, but cannot read text with it)";
   }
   // Hub names back to llama.cpp's, with the layer number in place of {}.
   std::map<std::string, const GgufTensorName*> by_hub;

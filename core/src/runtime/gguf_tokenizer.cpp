@@ -324,10 +324,17 @@ std::pair<json, json> sentencepiece_bpe(const VocabReader& r, const std::string&
 
 namespace {
 
+// llama.cpp's names for a file without a vocabulary (it runs the weights, not text).
+bool is_no_vocabulary(const std::string& model) { return model == "none" || model == "no_vocab"; }
+
 std::pair<json, json> tokenizer_json_of(const GgufFile& file) {
   const VocabReader r(file);
   const auto model = r.text("tokenizer.ggml.model", "");
   if (model.empty()) r.fail("tokenizer.ggml.model", "missing: the file carries no tokenizer (give one with --tokenizer DIR)");
+  if (is_no_vocabulary(model)) {
+    r.fail("tokenizer.ggml.model", fmt::format("'{}': the file carries no vocabulary (give the model's tokenizer with "
+                                               "--tokenizer DIR)", model));
+  }
   if (model == "gpt2") return byte_level_bpe(r);
   if (model == "llama") return sentencepiece_bpe(r, r.text("general.architecture", ""));
   r.fail("tokenizer.ggml.model", fmt::format("vocabulary kind '{}' is not read from GGUF files yet (byte-level BPE "
@@ -345,7 +352,8 @@ text::Tokenizer gguf_tokenizer(const std::filesystem::path& path) {
 
 std::vector<std::pair<std::string, std::string>> gguf_tokenizer_files(const std::filesystem::path& path) {
   const auto file = GgufFile::open(path);  // one read of its header, vocabulary included
-  if (file->find_value("tokenizer.ggml.model") == nullptr) return {};
+  const auto* model = file->find_value("tokenizer.ggml.model");
+  if (model == nullptr || (model->type == GgufType::STRING && is_no_vocabulary(model->text))) return {};
   const auto [tokenizer, config] = tokenizer_json_of(*file);
   return {{"tokenizer.json", tokenizer.dump(2)}, {"tokenizer_config.json", config.dump(2)}};
 }
