@@ -44,9 +44,10 @@ at::Tensor allowed_error(const at::Tensor& x, const at::Tensor& w) {
          1e-5 * at::matmul(x.abs().to(at::kDouble), w.abs().to(at::kDouble).t()) + 1e-6;
 }
 
-bool resolves_to_avx512(QuantKernel kernel) {
-  return (kernel == QuantKernel::kAvx512 || kernel == QuantKernel::kAuto) &&
-         torchpatch::nn::quant_kernel_available(QuantKernel::kAvx512);
+// Whether `kernel` runs a vector kernel on this CPU.
+bool resolves_to_vector(QuantKernel kernel) {
+  KernelChoice choice(kernel);
+  return torchpatch::nn::active_quant_kernel() != QuantKernel::kScalar;
 }
 
 }  // namespace
@@ -82,8 +83,8 @@ TEST_CASE("quantized products equal the float product of the dequantized weights
             INFO("kernel " << static_cast<int>(kernel));
             CHECK(((vector - scalar).abs() - tolerance).max().item<double>() <= 0);
             CHECK(((from_rows16 - scalar).abs() - tolerance).max().item<double>() <= 0);
-            // Only the AVX-512 kernels read kRows16's groups themselves; everything else reads GGUF rows.
-            const bool own_order = resolves_to_avx512(kernel) && rows >= 16;
+            // The vector kernels read kRows16's groups themselves; the scalar one reads GGUF rows.
+            const bool own_order = resolves_to_vector(kernel) && rows >= 16;
             if (!own_order) CHECK(at::equal(from_rows16, vector));
           }
         }
@@ -94,14 +95,15 @@ TEST_CASE("quantized products equal the float product of the dequantized weights
 
 TEST_CASE("a token's outputs from kRows16 weights do not depend on how many tokens share the product",
           "[quant][kernels]") {
-  // AVX-512 runs a group's 16 rows over 1, 2, 3 tokens (decoding) or 8 at a time (prefill) with the
-  // same arithmetic per token: a prompt's token gets from the product what it gets from it alone.
-  if (!torchpatch::nn::quant_kernel_available(QuantKernel::kAvx512)) {
-    WARN("no AVX-512 VNNI on this CPU: nothing to compare");
-    return;
-  }
+  // AVX-512 runs a group's 16 rows over 1, 2, 3 tokens (decoding) or 8 at a time (prefill), AVX2 over
+  // 1-4 tokens, with the same arithmetic per token: a prompt's token gets from the product what it
+  // gets from it alone.
   at::manual_seed(14);
-  KernelChoice choice(QuantKernel::kAvx512);
+  int kernels = 0;
+  for (const auto kernel : {QuantKernel::kAvx512, QuantKernel::kAvx2}) {
+  if (!torchpatch::nn::quant_kernel_available(kernel)) continue;
+  ++kernels;
+  KernelChoice choice(kernel);
   for (const auto format : {QuantFormat::kQ8_0, QuantFormat::kQ4_0}) {
     const int64_t rows = 48, in = 544;
     const auto packed = torchpatch::nn::pack_blocks(format, torchpatch::nn::quantize(format, at::randn({rows, in}), "w"), "w");
@@ -110,11 +112,14 @@ TEST_CASE("a token's outputs from kRows16 weights do not depend on how many toke
     const auto together = torchpatch::nn::quant_linear(format, x, packed, rows, bias, QuantLayout::kRows16);
     for (int64_t t = 0; t < x.size(0); ++t) {
       const auto alone = torchpatch::nn::quant_linear(format, x.narrow(0, t, 1), packed, rows, bias, QuantLayout::kRows16);
-      INFO(torchpatch::nn::format_name(format) << " token " << t << " max difference "
-                                               << (alone[0] - together[t]).abs().max().item<float>());
+      INFO(torchpatch::nn::quant_kernel_name(kernel) << " " << torchpatch::nn::format_name(format) << " token " << t
+                                                     << " max difference "
+                                                     << (alone[0] - together[t]).abs().max().item<float>());
       CHECK(at::equal(alone[0], together[t]));
     }
   }
+  }
+  if (kernels == 0) WARN("no AVX2 or AVX-512 VNNI on this CPU: nothing to compare");
 }
 
 TEST_CASE("with AVX2 a token's outputs do not depend on how many tokens share the product", "[quant][kernels]") {
@@ -212,8 +217,7 @@ TEST_CASE("a quantized product of no tokens is empty, with every kernel", "[quan
   }
 }
 
-TEST_CASE("the AVX-512 kernel quantizes activations as the scalar one, NaN and infinity included", "[quant][kernels]") {
-  if (!torchpatch::nn::quant_kernel_available(QuantKernel::kAvx512)) return;
+TEST_CASE("the vector kernels quantize activations as the scalar one, NaN and infinity included", "[quant][kernels]") {
   // Ties (x * 127 / amax exactly half-way) and non-finite inputs take the same path in both kernels.
   // Row 0: amax 127, so x * 127 / amax is x itself, and every other value is half-way (k + 0.5).
   auto x = at::arange(-64, 64, at::kFloat).reshape({2, 64}) + 0.5;
@@ -227,11 +231,15 @@ TEST_CASE("the AVX-512 kernel quantizes activations as the scalar one, NaN and i
     const auto blocks = torchpatch::nn::quantize(format, w, "w");
     const auto dense = torchpatch::nn::dequantize(format, blocks, "w");
     const auto scalar = product(QuantKernel::kScalar, format, x, blocks, 5, {});
-    const auto vector = product(QuantKernel::kAvx512, format, x, blocks, 5, {});
-    // Float rounding only (an activation rounded the other way would move an output by ~d_x * |w|).
-    const auto tolerance = 1e-5 * at::matmul(x[0].abs(), dense.abs().t()) + 1e-6;
-    CHECK(((vector[0] - scalar[0]).abs() - tolerance).max().item<double>() <= 0);
-    CHECK(at::equal(at::isnan(scalar[1]), at::isnan(vector[1])));
+    for (const auto kernel : {QuantKernel::kAvx512, QuantKernel::kAvx2}) {
+      if (!torchpatch::nn::quant_kernel_available(kernel)) continue;
+      INFO(torchpatch::nn::quant_kernel_name(kernel) << " " << torchpatch::nn::format_name(format));
+      const auto vector = product(kernel, format, x, blocks, 5, {});
+      // Float rounding only (an activation rounded the other way would move an output by ~d_x * |w|).
+      const auto tolerance = 1e-5 * at::matmul(x[0].abs(), dense.abs().t()) + 1e-6;
+      CHECK(((vector[0] - scalar[0]).abs() - tolerance).max().item<double>() <= 0);
+      CHECK(at::equal(at::isnan(scalar[1]), at::isnan(vector[1])));
+    }
   }
 }
 

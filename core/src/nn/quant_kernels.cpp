@@ -8,7 +8,8 @@
 //
 // Kernels, chosen at run time:
 //   scalar   plain C++, one dot per (row, token)
-//   AVX2     maddubs / madd over 32 bytes, the sign trick for Q8_0's signed weights, one dot per (row, token)
+//   AVX2     kRows16 groups: quant_rows16_avx2.cpp. GGUF rows: maddubs / madd over 32 bytes, the
+//            sign trick for Q8_0's signed weights, tiles of 4 rows x 2 tokens
 //   AVX-512  VNNI's dpbusd (unsigned x signed bytes into int32). The weights enter unsigned: Q8_0 as
 //            w + 128 (exact for every int8), Q4_0 as its nibbles 0..15; each block's int32 sum starts
 //            at minus that offset (128 or 8) times the block's sum of activations, so it comes out
@@ -50,6 +51,7 @@
 #include "nn/quant_block.h"
 #include "nn/quant_device.h"
 #include "nn/quant_ggml.h"
+#include "nn/quant_rows16.h"
 #include "nn/quant_unpack32.h"
 
 namespace torchpatch::nn {
@@ -203,14 +205,6 @@ __attribute__((target("avx2,fma,f16c"))) void tiles32_avx2(const uint8_t* w, int
       default: tile(std::integral_constant<int, 1>()); break;
     }
   }
-}
-
-// One row and one token (decoding): the 1 x 1 tile.
-template <QuantFormat F>
-float dot32_avx2(const uint8_t* w, const QuantizedRow& x, int64_t blocks) {
-  float out = 0.0f;
-  tile32_avx2<F, 1, 1>(w, 0, &x, blocks, &out, 1, nullptr);
-  return out;
 }
 
 using TilesFn = void (*)(const uint8_t*, int64_t, const std::vector<QuantizedRow>&, int64_t, int64_t, int64_t, float*,
@@ -470,14 +464,7 @@ TP_AVX512 void decode_rows_avx512(const uint8_t* w, int64_t row_bytes, int64_t b
 // lanes of one register (no horizontal sums). About 1.5 instructions per 32 weights per row, against
 // 8 in the GGUF pair kernel above: fast enough that memory, not instructions, sets the pace.
 
-/// Activations per token for kRows16: q [t * blocks * 32 ...], and per block its scale and minus the
-/// weights' offset (Q8_0: 128, Q4_0: 8) times its sum of q, [t * blocks + b].
-struct RowTokens {
-  int64_t blocks;
-  const int8_t* q;
-  const float* d;
-  const int32_t* init;
-};
+using rows16::RowTokens;  // init: minus the weights' offset (Q8_0: 128, Q4_0: 8) times each block's sum of q
 
 constexpr std::uintptr_t kRows16Prefetch = 2048;  // bytes ahead; the stream is ~1 KB a pair of blocks
 
@@ -823,18 +810,13 @@ QuantKernel resolve(QuantKernel kernel) {
   return cpu_has_avx2() ? QuantKernel::kAvx2 : QuantKernel::kScalar;
 }
 
-template <QuantFormat F>
-DotFn dot_for(QuantKernel kernel) {
-  return kernel == QuantKernel::kAvx2 ? dot32_avx2<F> : dot32_scalar<F>;
-}
-
-DotFn dot_for(QuantFormat format, QuantKernel kernel) {
+DotFn dot_scalar_for(QuantFormat format) {
   switch (format) {
-    case QuantFormat::kQ8_0: return dot_for<QuantFormat::kQ8_0>(kernel);
-    case QuantFormat::kQ4_0: return dot_for<QuantFormat::kQ4_0>(kernel);
-    case QuantFormat::kQ4_1: return dot_for<QuantFormat::kQ4_1>(kernel);
-    case QuantFormat::kQ5_0: return dot_for<QuantFormat::kQ5_0>(kernel);
-    case QuantFormat::kQ5_1: return dot_for<QuantFormat::kQ5_1>(kernel);
+    case QuantFormat::kQ8_0: return dot32_scalar<QuantFormat::kQ8_0>;
+    case QuantFormat::kQ4_0: return dot32_scalar<QuantFormat::kQ4_0>;
+    case QuantFormat::kQ4_1: return dot32_scalar<QuantFormat::kQ4_1>;
+    case QuantFormat::kQ5_0: return dot32_scalar<QuantFormat::kQ5_0>;
+    case QuantFormat::kQ5_1: return dot32_scalar<QuantFormat::kQ5_1>;
     default: return nullptr;
   }
 }
@@ -948,6 +930,48 @@ at::Tensor linear_avx512(QuantFormat format, QuantLayout layout, const float* sr
   return out;
 }
 
+// AVX2: kRows16's whole groups 16 rows at a time (quant_rows16_avx2.cpp); GGUF rows (every row of
+// kBlocks weights, kRows16's tail rows) in tiles of 4 rows x 2 tokens.
+at::Tensor linear_avx2(QuantFormat format, QuantLayout layout, const float* src, int64_t tokens, int64_t in,
+                       const uint8_t* w, int64_t out_features, const float* bias, at::Tensor out) {
+  if (tokens == 0 || out_features == 0) return out;
+  const int64_t blocks = in / kBlock;
+  const int64_t row_bytes = blocks * block_bytes(format);
+  std::vector<int8_t> q(tokens * in);
+  std::vector<float> d(tokens * blocks);
+  std::vector<int32_t> sums(tokens * blocks);
+  at::parallel_for(0, tokens, kTileTokens, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      rows16::quantize_activations_avx2(src + t * in, in, q.data() + t * in, d.data() + t * blocks,
+                                        sums.data() + t * blocks);
+    }
+  });
+  constexpr int64_t kRows = block::kGroupRows;
+  const int64_t grouped_rows = layout == QuantLayout::kRows16 ? out_features / kRows * kRows : 0;
+  // The kRows16 kernel multiplies Q4_0's nibbles unsigned (offset 8), Q8_0's weights signed.
+  std::vector<int32_t> init(grouped_rows > 0 ? tokens * blocks : 0);
+  if (format == QuantFormat::kQ4_0) {
+    for (std::size_t i = 0; i < init.size(); ++i) init[i] = -8 * sums[i];
+  }
+  const RowTokens grouped{blocks, q.data(), d.data(), init.data()};
+  std::vector<QuantizedRow> rows(tokens);
+  for (int64_t t = 0; t < tokens; ++t) rows[t] = {q.data() + t * in, d.data() + t * blocks, sums.data() + t * blocks};
+  const TilesFn tiles = tiles_avx2_for(format);
+  float* y = out.data_ptr<float>();
+  const int64_t row_groups = (out_features + kRows - 1) / kRows;
+  const int64_t min_groups = std::max<int64_t>(1, kMinPartBytes / (kRows * row_bytes * tokens));
+  split_rows(tokens, 0, row_groups, min_groups, [&](int64_t begin, int64_t end) {
+    const int64_t row_begin = begin * kRows, row_end = std::min(out_features, end * kRows);
+    const int64_t split = std::clamp(grouped_rows, row_begin, row_end);
+    if (split > row_begin) {
+      rows16::product_avx2(format == QuantFormat::kQ8_0, w, row_bytes, grouped, tokens, row_begin, split, y,
+                           out_features, bias);
+    }
+    if (row_end > split) tiles(w, row_bytes, rows, blocks, split, row_end, y, out_features, bias);
+  });
+  return out;
+}
+
 void check_operands(QuantFormat format, const at::Tensor& x, const at::Tensor& blocks, int64_t out_features,
                     const at::Tensor& bias) {
   const int64_t bytes = block_bytes(format), weights = block_weights(format);
@@ -1042,7 +1066,8 @@ at::Tensor quant_linear(QuantFormat format, const at::Tensor& x, const at::Tenso
     }
   }
   if (kernel == QuantKernel::kAvx512) return linear_avx512(format, layout, src, tokens, in, w, out_features, b, out);
-  // The plain kernels read GGUF rows only.
+  if (kernel == QuantKernel::kAvx2) return linear_avx2(format, layout, src, tokens, in, w, out_features, b, out);
+  // The scalar kernel reads GGUF rows only.
   const at::Tensor gguf = layout == QuantLayout::kRows16 ? unpack_blocks(format, blocks, "weight") : blocks;
   w = gguf.data_ptr<uint8_t>();
 
@@ -1058,16 +1083,7 @@ at::Tensor quant_linear(QuantFormat format, const at::Tensor& x, const at::Tenso
 
   float* y = out.data_ptr<float>();
   const int64_t row_bytes = blocks.size(1);
-  if (kernel == QuantKernel::kAvx2 && tokens > 1) {
-    std::vector<QuantizedRow> rows(tokens);
-    for (int64_t t = 0; t < tokens; ++t) rows[t] = {q.data() + t * in, d.data() + t * per_row, sums.data() + t * per_row};
-    const TilesFn tiles = tiles_avx2_for(format);
-    split_rows(tokens, 0, (out_features + 3) / 4, 4, [&](int64_t begin, int64_t end) {
-      tiles(w, row_bytes, rows, per_row, begin * 4, std::min(out_features, end * 4), y, out_features, b);
-    });
-    return out;
-  }
-  const DotFn dot = dot_for(format, kernel);
+  const DotFn dot = dot_scalar_for(format);
   // Each weight row is read once from memory and reused from cache for every token.
   split_rows(tokens, 0, out_features, 16, [&](int64_t begin, int64_t end) {
     for (int64_t o = begin; o < end; ++o) {

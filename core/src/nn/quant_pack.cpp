@@ -1,5 +1,5 @@
-// The kRows16 layout of quantized weights (nn/quant.h): GGUF rows rearranged so that the AVX-512
-// decoding kernel reads one stream and feeds 16 rows with every 64-byte load.
+// The kRows16 layout of quantized weights (nn/quant.h): GGUF rows rearranged so that the vector
+// kernels read one stream and feed 16 rows with every 64-byte load (AVX2: 8 with each half).
 #include "torchpatch/nn/quant.h"
 
 #include <algorithm>
@@ -96,8 +96,9 @@ GgufBlocksOnly::~GgufBlocksOnly() { --gguf_blocks_only; }
 
 QuantLayout preferred_quant_layout() {
   if (gguf_blocks_only > 0) return QuantLayout::kBlocks;
-  // kRows16 is the AVX-512 kernel's own: the others would unpack it for every product.
-  return active_quant_kernel() == QuantKernel::kAvx512 ? QuantLayout::kRows16 : QuantLayout::kBlocks;
+  // kRows16 is what the AVX-512 and AVX2 kernels read fastest; the scalar one would unpack it for
+  // every product.
+  return active_quant_kernel() == QuantKernel::kScalar ? QuantLayout::kBlocks : QuantLayout::kRows16;
 }
 
 QuantLayout preferred_quant_layout(QuantFormat format) {

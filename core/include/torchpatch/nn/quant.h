@@ -71,11 +71,11 @@ enum class QuantLayout {
 //   [block 2p + 1's quants, the same way]
 // An odd last block is [its 32 bytes of scales][its quants]. Q8_0 quants are stored as w + 128 (XOR
 // 0x80, the unsigned bytes VNNI multiplies); Q4_0's bytes are GGUF's. A group is as long as its 16
-// rows were, so the tail rows sit where they were.
+// rows were, so the tail rows sit where they were. A 256-bit half of each 64 bytes is 8 rows (AVX2).
 
 /// The layout quant_linear reads Q8_0 and Q4_0 fastest with the kernel it runs now
-/// (active_quant_kernel): kRows16 with kAvx512, else kBlocks; kBlocks while a GgufBlocksOnly is
-/// alive on this thread.
+/// (active_quant_kernel): kRows16 with kAvx512 and kAvx2, kBlocks with kScalar; kBlocks while a
+/// GgufBlocksOnly is alive on this thread.
 TORCHPATCH_API QuantLayout preferred_quant_layout();
 /// The layout for `format`: preferred_quant_layout() for Q8_0 and Q4_0, kBlocks for the others.
 TORCHPATCH_API QuantLayout preferred_quant_layout(QuantFormat format);
@@ -103,7 +103,8 @@ TORCHPATCH_API at::Tensor unpack_blocks(QuantFormat format, const at::Tensor& pa
 enum class QuantKernel {
   kAuto,    ///< the best this CPU has: AVX-512 VNNI, else AVX2 (with FMA and F16C), else scalar (the default)
   kScalar,  ///< plain C++
-  kAvx2,    ///< 32 bytes at a time with maddubs / madd (scalar without AVX2)
+  kAvx2,    ///< AVX2 with FMA and F16C (maddubs / madd): kRows16 weights 8 rows a register, 1-4 tokens
+            ///< a pass; GGUF rows in tiles of 4 rows x 2 tokens (scalar without AVX2)
   kAvx512,  ///< AVX-512 VNNI (dpbusd): decoding streams kRows16 weights 16 rows at a time (GGUF rows one
             ///< at a time), prefill works in tiles of 4 rows x 4 tokens (kAvx2, else scalar, without
             ///< AVX-512 F/BW/VL/VNNI)
@@ -127,9 +128,10 @@ TORCHPATCH_API std::optional<QuantKernel> parse_quant_kernel(const std::string& 
 
 /// y = x W^T + bias for x float32 [..., in] and W's blocks uint8 [out_features, in / 32 * block_bytes]
 /// laid out as `layout` says: float32 [..., out_features]. Output rows are split across the intra-op
-/// threads. The AVX-512 kernel decodes kRows16 16 rows at a time and gathers its prefill tiles from
-/// it; the scalar and AVX2 kernels read an unpacked copy. Only AVX-512 decoding adds in another order
-/// than from kBlocks: every other path gives the same results bit for bit.
+/// threads. The AVX-512 and AVX2 kernels read kRows16's groups themselves, in another order than GGUF
+/// rows (float rounding apart, the same result); the scalar kernel reads an unpacked copy. A token's
+/// outputs do not depend on how many tokens share the product, except with AVX-512 on GGUF rows
+/// (decoding's pair kernel and prefill's tiles add in different orders).
 /// The formats read from GGUF files (Q4_1 ... Q6_K, kBlocks only, CPU only): decoding's 1-3 tokens of
 /// the 32-weight ones (Q4_1, Q5_0, Q5_1) quantize the activations as Q8_0 and Q4_0 do, with the same
 /// kernels; 4 tokens and more, and the K-quants, multiply each weight row dequantized once in cache

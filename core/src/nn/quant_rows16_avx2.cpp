@@ -1,0 +1,184 @@
+// kRows16 weights (nn/quant.h) multiplied with AVX2: decoding and prefill, Q8_0 and Q4_0.
+//
+// A kRows16 register k of a block holds, in 32-bit lane i, bytes 4k..4k+3 of row i's quants; its two
+// 256-bit halves are rows 0-7 and 8-15 of the group. So with AVX2 as with AVX-512 each lane is one
+// row: a multiply of those 4 bytes by 4 activation bytes broadcast advances 8 rows at once, the sums
+// come out one row a lane, and scaling is one multiply-add by the 8 rows' scales per block (the GGUF
+// row kernel in quant_kernels.cpp spends a multiply-add per row and block, and a horizontal sum per
+// row). AVX2 has no dpbusd: maddubs multiplies unsigned by signed bytes into int16 pairs, saturating.
+//   Q4_0  nibbles 0..15 times |x| <= 127: a pair is at most 3810, so all 8 multiplies of a block add
+//         up in int16 (30480) before one madd widens them; the offset 8 enters as -8 sum(x_q).
+//   Q8_0  the stored w + 128 would saturate; the signed weight's magnitude times x carrying its sign
+//         (the sign trick) is w x exactly, widened every multiply.
+// Prefill takes 4 tokens at a time over a group's rows, which stay in L1 while the tokens of a chunk
+// pass; every token goes through the same operations in the same order, so a token's outputs do not
+// depend on how many tokens share the product.
+#include "nn/quant_rows16.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "base/x86_intrinsics.h"
+#include "nn/quant_block.h"
+
+namespace torchpatch::nn::rows16 {
+
+namespace {
+
+#define TP_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define TP_UNROLL _Pragma("GCC unroll 16")
+
+constexpr int64_t kBlock = kQuantBlockSize;
+constexpr int kTokens = 4;  // prefill's tokens per pass over a group
+
+TP_AVX2 inline __m256i broadcast_word(const int8_t* p) {
+  int32_t word = 0;
+  std::memcpy(&word, p, 4);
+  return _mm256_set1_epi32(word);
+}
+
+// x * id rounded as quantize_activations does, as int32.
+TP_AVX2 inline __m256i round_to_int8_range(__m256 x, __m256 id) {
+  __m256 v = _mm256_round_ps(_mm256_mul_ps(x, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));  // NaN -> 0
+  v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+  return _mm256_cvtps_epi32(v);
+}
+
+TP_AVX2 inline int32_t sum_lanes(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(s);
+}
+
+TP_AVX2 inline float max_lanes(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+/// Block b of 8 rows (this half's scales at `scales`, its register k at quants + 64 k) times tokens
+/// [0, TT), added to acc[t].
+template <bool Q8, int TT>
+TP_AVX2 inline void block_half(const uint8_t* scales, const uint8_t* quants, int64_t b, const RowTokens& x,
+                               __m256* acc) {
+  const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i sums[TT];
+  if constexpr (Q8) {
+    TP_UNROLL for (int t = 0; t < TT; ++t) sums[t] = _mm256_setzero_si256();
+    TP_UNROLL for (int k = 0; k < 8; ++k) {
+      const __m256i w = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + 64 * k)),
+                                         _mm256_set1_epi8(static_cast<char>(0x80)));
+      const __m256i magnitude = _mm256_sign_epi8(w, w);  // -128 stays 0x80: 128 unsigned
+      TP_UNROLL for (int t = 0; t < TT; ++t) {
+        const __m256i xs = _mm256_sign_epi8(broadcast_word(x.q + (t * x.blocks + b) * kBlock + 4 * k), w);
+        sums[t] = _mm256_add_epi32(sums[t], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, xs), ones));
+      }
+    }
+  } else {
+    __m256i pairs[TT];
+    TP_UNROLL for (int t = 0; t < TT; ++t) pairs[t] = _mm256_setzero_si256();
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    TP_UNROLL for (int k = 0; k < 4; ++k) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + 64 * k));
+      const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      TP_UNROLL for (int t = 0; t < TT; ++t) {
+        const int8_t* xq = x.q + (t * x.blocks + b) * kBlock;
+        pairs[t] = _mm256_add_epi16(pairs[t], _mm256_maddubs_epi16(lo, broadcast_word(xq + 4 * k)));
+        pairs[t] = _mm256_add_epi16(pairs[t], _mm256_maddubs_epi16(hi, broadcast_word(xq + 16 + 4 * k)));
+      }
+    }
+    TP_UNROLL for (int t = 0; t < TT; ++t) sums[t] = _mm256_madd_epi16(pairs[t], ones);
+  }
+  TP_UNROLL for (int t = 0; t < TT; ++t) {
+    const int64_t at = t * x.blocks + b;
+    const __m256i total = _mm256_add_epi32(sums[t], _mm256_set1_epi32(x.init[at]));
+    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(dw, _mm256_set1_ps(x.d[at])), acc[t]);
+  }
+}
+
+/// Rows 8h..8h+7 of one group x tokens [0, TT): out[t * out_stride + i] for row 8h + i.
+template <bool Q8, int TT>
+TP_AVX2 void half_group(const uint8_t* group, int h, const RowTokens& x, float* out, int64_t out_stride,
+                        const float* bias) {
+  constexpr int64_t bytes = Q8 ? block::kQ8_0Bytes : block::kQ4_0Bytes;
+  __m256 acc[TT];
+  TP_UNROLL for (int t = 0; t < TT; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < x.blocks; ++b) {
+    const block::Rows16Block at = block::rows16_block(b, x.blocks, bytes);
+    block_half<Q8, TT>(group + at.scales + 16 * h, group + at.quants + 32 * h, b, x, acc);
+  }
+  const __m256 bv = bias ? _mm256_loadu_ps(bias + 8 * h) : _mm256_setzero_ps();
+  TP_UNROLL for (int t = 0; t < TT; ++t) _mm256_storeu_ps(out + t * out_stride + 8 * h, _mm256_add_ps(acc[t], bv));
+}
+
+template <bool Q8, int TT>
+TP_AVX2 void group_tokens(const uint8_t* group, const RowTokens& x, float* out, int64_t out_stride, const float* bias) {
+  half_group<Q8, TT>(group, 0, x, out, out_stride, bias);
+  half_group<Q8, TT>(group, 1, x, out, out_stride, bias);
+}
+
+template <bool Q8>
+void product(const uint8_t* w, int64_t row_bytes, const RowTokens& x, int64_t tokens, int64_t row_begin,
+             int64_t row_end, float* y, int64_t out_features, const float* bias) {
+  // Tokens in chunks whose activations (32 bytes of q, a scale and an init per block) stay in L2.
+  const int64_t token_bytes = x.blocks * (kBlock + 8);
+  const int64_t chunk = std::max<int64_t>(kTokens, (256 * 1024 / token_bytes) / kTokens * kTokens);
+  for (int64_t t0 = 0; t0 < tokens; t0 += chunk) {
+    const int64_t t1 = std::min(tokens, t0 + chunk);
+    for (int64_t o = row_begin; o < row_end; o += block::kGroupRows) {
+      const uint8_t* group = w + o * row_bytes;
+      const float* b = bias ? bias + o : nullptr;
+      for (int64_t t = t0; t < t1; t += kTokens) {
+        const RowTokens xt{x.blocks, x.q + t * x.blocks * kBlock, x.d + t * x.blocks, x.init + t * x.blocks};
+        float* out = y + t * out_features + o;
+        switch (std::min<int64_t>(kTokens, t1 - t)) {
+          case 4: group_tokens<Q8, 4>(group, xt, out, out_features, b); break;
+          case 3: group_tokens<Q8, 3>(group, xt, out, out_features, b); break;
+          case 2: group_tokens<Q8, 2>(group, xt, out, out_features, b); break;
+          default: group_tokens<Q8, 1>(group, xt, out, out_features, b); break;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TP_AVX2 void quantize_activations_avx2(const float* x, int64_t k, int8_t* q, float* d, int32_t* sum) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    const float* xb = x + b * kBlock;
+    __m256 v[4];
+    // max(a, b) returns b when a is NaN: NaNs are skipped, as std::max(amax, NaN) does.
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(xb + 8 * i);
+      m = _mm256_max_ps(_mm256_andnot_ps(sign, v[i]), m);
+    }
+    const float amax = max_lanes(m);
+    d[b] = amax / 127.0f;
+    const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+    __m256i r[4];
+    for (int i = 0; i < 4; ++i) r[i] = round_to_int8_range(v[i], id);
+    sum[b] = sum_lanes(_mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3])));
+    // Packing works within 128-bit lanes: the 32 bytes come out as dwords 0 4 1 5 2 6 3 7.
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * kBlock),
+                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  }
+}
+
+void product_avx2(bool q8, const uint8_t* w, int64_t row_bytes, const RowTokens& x, int64_t tokens, int64_t row_begin,
+                  int64_t row_end, float* y, int64_t out_features, const float* bias) {
+  if (q8) {
+    product<true>(w, row_bytes, x, tokens, row_begin, row_end, y, out_features, bias);
+  } else {
+    product<false>(w, row_bytes, x, tokens, row_begin, row_end, y, out_features, bias);
+  }
+}
+
+}  // namespace torchpatch::nn::rows16
