@@ -1,6 +1,6 @@
 // Products with Q8_0 / Q4_0 weights (nn/quant.h) against float32, on llama-125m's shapes (hidden 768,
 // intermediate 3072, vocab 32000), at 1 and 2 threads, every kernel this CPU has on GGUF rows, and
-// the AVX-512 kernel also on kRows16 weights ("avx512/r16", the layout models hold on such CPUs):
+// the vector kernels also on kRows16 weights ("avx2/r16", "avx512/r16": the layout models hold):
 //   decode   one token; enough distinct copies of the weight (as a model's layers are) that they
 //            stream from memory, not cache; float32 baseline torchpatch::nn::linear (the gemv kernels)
 //   prefill  128 tokens, one weight; float32 baseline at::linear (the BLAS's sgemm)
@@ -105,13 +105,13 @@ int main(int argc, char** argv) {
   const double bandwidth_mt = stream_bandwidth();
   std::printf("stream bandwidth (%d threads): %.1f GB/s\n\n", max_threads, bandwidth_mt / 1e9);
 
-  // Every kernel this CPU has on GGUF rows, and AVX-512 also on kRows16 (what models hold on such CPUs).
+  // Every kernel this CPU has on GGUF rows, and the vector ones also on kRows16 (what models hold).
   std::vector<std::pair<QuantKernel, QuantLayout>> variants;
   for (const auto k : {QuantKernel::kScalar, QuantKernel::kAvx2, QuantKernel::kAvx512}) {
     if (torchpatch::nn::quant_kernel_available(k)) variants.emplace_back(k, QuantLayout::kBlocks);
   }
-  if (torchpatch::nn::quant_kernel_available(QuantKernel::kAvx512)) {
-    variants.emplace_back(QuantKernel::kAvx512, QuantLayout::kRows16);
+  for (const auto k : {QuantKernel::kAvx2, QuantKernel::kAvx512}) {
+    if (torchpatch::nn::quant_kernel_available(k)) variants.emplace_back(k, QuantLayout::kRows16);
   }
   const std::vector<Shape> shapes = {
       {"q/k/v/o 768x768", 768, 768}, {"gate/up 3072x768", 3072, 768}, {"down 768x3072", 768, 3072},

@@ -100,25 +100,38 @@ TP_AVX2 inline void block_half(const uint8_t* scales, const uint8_t* quants, int
   }
 }
 
-/// Rows 8h..8h+7 of one group x tokens [0, TT): out[t * out_stride + i] for row 8h + i.
-template <bool Q8, int TT>
-TP_AVX2 void half_group(const uint8_t* group, int h, const RowTokens& x, float* out, int64_t out_stride,
+/// Rows 8 h0 .. 8 (h0 + H) - 1 of one group x tokens [0, TT): out[t * out_stride + i] for row i of
+/// the group. H = 2 consumes each 64 bytes of the stream at once (decoding, where memory sets the
+/// pace); H = 1 keeps more tokens' sums in the 16 registers (prefill, the group in L1).
+template <bool Q8, int TT, int H>
+TP_AVX2 void group_pass(const uint8_t* group, int h0, const RowTokens& x, float* out, int64_t out_stride,
                         const float* bias) {
   constexpr int64_t bytes = Q8 ? block::kQ8_0Bytes : block::kQ4_0Bytes;
-  __m256 acc[TT];
-  TP_UNROLL for (int t = 0; t < TT; ++t) acc[t] = _mm256_setzero_ps();
+  __m256 acc[H][TT];
+  TP_UNROLL for (int h = 0; h < H; ++h) {
+    TP_UNROLL for (int t = 0; t < TT; ++t) acc[h][t] = _mm256_setzero_ps();
+  }
   for (int64_t b = 0; b < x.blocks; ++b) {
     const block::Rows16Block at = block::rows16_block(b, x.blocks, bytes);
-    block_half<Q8, TT>(group + at.scales + 16 * h, group + at.quants + 32 * h, b, x, acc);
+    TP_UNROLL for (int h = 0; h < H; ++h) {
+      block_half<Q8, TT>(group + at.scales + 16 * (h0 + h), group + at.quants + 32 * (h0 + h), b, x, acc[h]);
+    }
   }
-  const __m256 bv = bias ? _mm256_loadu_ps(bias + 8 * h) : _mm256_setzero_ps();
-  TP_UNROLL for (int t = 0; t < TT; ++t) _mm256_storeu_ps(out + t * out_stride + 8 * h, _mm256_add_ps(acc[t], bv));
+  TP_UNROLL for (int h = 0; h < H; ++h) {
+    const int64_t row = 8 * (h0 + h);
+    const __m256 bv = bias ? _mm256_loadu_ps(bias + row) : _mm256_setzero_ps();
+    TP_UNROLL for (int t = 0; t < TT; ++t) _mm256_storeu_ps(out + t * out_stride + row, _mm256_add_ps(acc[h][t], bv));
+  }
 }
 
 template <bool Q8, int TT>
 TP_AVX2 void group_tokens(const uint8_t* group, const RowTokens& x, float* out, int64_t out_stride, const float* bias) {
-  half_group<Q8, TT>(group, 0, x, out, out_stride, bias);
-  half_group<Q8, TT>(group, 1, x, out, out_stride, bias);
+  if constexpr (TT <= 2) {
+    group_pass<Q8, TT, 2>(group, 0, x, out, out_stride, bias);
+  } else {
+    group_pass<Q8, TT, 1>(group, 0, x, out, out_stride, bias);
+    group_pass<Q8, TT, 1>(group, 1, x, out, out_stride, bias);
+  }
 }
 
 template <bool Q8>
