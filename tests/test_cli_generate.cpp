@@ -5,6 +5,7 @@
 #include "torchpatch/nn/attention.h"
 #include "cli_util.h"
 
+#include <fstream>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
@@ -118,7 +119,8 @@ TEST_CASE("cli bench prints both ratios", "[cli][bench]") {
   // It says which quantized kernel ran, in which layout.
   const bool avx512 = torchpatch::nn::quant_kernel_available(torchpatch::nn::QuantKernel::kAvx512);
   CHECK(j["quant_kernel"] == (avx512 ? "avx512" : torchpatch::nn::quant_kernel_available(torchpatch::nn::QuantKernel::kAvx2) ? "avx2" : "scalar"));
-  CHECK(j["quant_layout"] == (avx512 ? "kRows16" : "kBlocks"));
+  const bool vector = avx512 || torchpatch::nn::quant_kernel_available(torchpatch::nn::QuantKernel::kAvx2);
+  CHECK(j["quant_layout"] == (vector ? "kRows16" : "kBlocks"));
 }
 
 TEST_CASE("cli bench --quant-kernel runs the kernel named, and refuses one the CPU lacks", "[cli][bench]") {
@@ -133,17 +135,59 @@ TEST_CASE("cli bench --quant-kernel runs the kernel named, and refuses one the C
   const auto typo = torchpatch_cli("bench --preset tiny-llama --quant-kernel avx3");
   CHECK(typo.code != 0);
   CHECK_THAT(typo.out, Contains("--quant-kernel: 'avx3' is not a kernel (auto, avx512, avx2, scalar)"));
-  if (torchpatch::nn::quant_kernel_available(torchpatch::nn::QuantKernel::kAvx2)) {  // GGUF's own rows for it
+  if (torchpatch::nn::quant_kernel_available(torchpatch::nn::QuantKernel::kAvx2)) {  // kRows16, 8 rows a register
     const auto avx2 = torchpatch_cli("bench --preset tiny-llama --prompt-len 8 --decode-tokens 2 --repeats 1 --no-fused "
                                      "--no-blas --no-eager-attention --no-quantized --quant-kernel AVX2 --json");
     REQUIRE(avx2.code == 0);
-    CHECK(nlohmann::json::parse(avx2.out)["quant_layout"] == "kBlocks");
+    CHECK(nlohmann::json::parse(avx2.out)["quant_kernel"] == "avx2");
+    CHECK(nlohmann::json::parse(avx2.out)["quant_layout"] == "kRows16");
   }
   if (!torchpatch::nn::quant_kernel_available(torchpatch::nn::QuantKernel::kAvx512)) {
     const auto lacking = torchpatch_cli("bench --preset tiny-llama --quant-kernel avx512");
     CHECK(lacking.code != 0);
     CHECK_THAT(lacking.out, Contains("--quant-kernel avx512: this CPU cannot run it (it runs "));
   }
+}
+
+TEST_CASE("cli bench --compare-llama-bench prints its ratios to llama-bench's figures, and refuses a file that does "
+          "not match the run", "[cli][bench]") {
+  // llama-bench -o json's shape: one object per test; pp8 and tg2 at 1 thread are this run's.
+  const auto entry = [](int prompt, int gen, int threads, std::vector<double> samples) {
+    return nlohmann::json{{"build_commit", "0c1e570"}, {"model_filename", "tiny.gguf"}, {"model_type", "llama ?B Q4_0"},
+                          {"n_threads", threads}, {"n_prompt", prompt}, {"n_gen", gen}, {"avg_ts", samples[0]},
+                          {"samples_ts", samples}};
+  };
+  const auto file = testutil::temp_file("llama-bench.json");
+  const auto write = [&](const std::string& text) { std::ofstream(file) << text; };
+  const std::string run = "bench --preset tiny-llama --prompt-len 8 --decode-tokens 2 --repeats 1 --no-fused --no-blas "
+                          "--no-eager-attention --no-quantized --threads 1 --compare-llama-bench " + file.string();
+  write(nlohmann::json::array({entry(8, 0, 2, {1.0}), entry(8, 0, 1, {400.0, 500.0}), entry(0, 2, 1, {80.0, 100.0})}).dump());
+  const auto r = torchpatch_cli(run + " --json");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["llama_bench"]["prefill_tokens_per_second"] == 500.0);  // the best run, as bench's own
+  CHECK(j["llama_bench"]["decode_tokens_per_second"] == 100.0);
+  const auto& ours = j["results"][0];
+  CHECK(ours["prefill_vs_llama_bench"].get<double>() == ours["prefill_tokens_per_second"].get<double>() / 500.0);
+  CHECK(ours["decode_vs_llama_bench"].get<double>() == ours["decode_tokens_per_second"].get<double>() / 100.0);
+  const auto table = torchpatch_cli(run);
+  CHECK_THAT(table.out, Contains("decode x llama.cpp") && Contains("llama.cpp 0c1e570 on tiny.gguf"));
+
+  write(nlohmann::json::array({entry(512, 0, 1, {1.0}), entry(0, 128, 1, {1.0})}).dump());
+  const auto other = torchpatch_cli(run);
+  CHECK(other.code != 0);
+  CHECK_THAT(other.out, Contains(file.string()) && Contains("no pp8 and tg2 at 1 thread(s)") &&
+                            Contains("pp512 at 1 thread(s), tg128 at 1 thread(s)") &&
+                            Contains("llama-bench -m MODEL -t 1 -p 8 -n 2 -o json"));
+  write("| model | size |\n");  // llama-bench's markdown, not its JSON
+  const auto markdown = torchpatch_cli(run);
+  CHECK(markdown.code != 0);
+  CHECK_THAT(markdown.out, Contains("not llama-bench's JSON"));
+  std::filesystem::remove(file);
+  const auto missing = torchpatch_cli(run);
+  CHECK(missing.code != 0);
+  CHECK_THAT(missing.out, Contains("cannot read the file"));
 }
 
 TEST_CASE("cli generate --copy-weights generates what the mapped weights do", "[cli][generate]") {

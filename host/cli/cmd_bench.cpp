@@ -8,6 +8,7 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 
 #include <ATen/ATen.h>
@@ -19,6 +20,7 @@
 #include "commands.h"
 #include "session.h"
 #include "launch.h"
+#include "llama_bench.h"
 #include "torchpatch/generation/generate.h"
 #include "torchpatch/runtime/auto.h"
 #include "torchpatch/nn/attention.h"
@@ -287,6 +289,22 @@ void print_machine(const nlohmann::json& report) {
                            report["quant_kernel"].get<std::string>(), report["quant_layout"].get<std::string>());
 }
 
+// With --compare-llama-bench: llama.cpp's figures, and each variant's over them.
+void print_llama_bench(const nlohmann::json& report) {
+  if (!report.contains("llama_bench")) return;
+  const auto& l = report["llama_bench"];
+  std::cout << fmt::format("llama.cpp {} on {} ({}), {} thread(s), best of its runs: prefill {:.1f} tok/s, decode "
+                           "{:.1f} tok/s\n",
+                           l["build_commit"].get<std::string>(), l["model"].get<std::string>(),
+                           l["model_type"].get<std::string>(), l["threads"].get<int64_t>(),
+                           l["prefill_tokens_per_second"].get<double>(), l["decode_tokens_per_second"].get<double>());
+  std::cout << fmt::format("{:<32} {:>24} {:>24}\n", "variant", "decode x llama.cpp", "prefill x llama.cpp");
+  for (const auto& r : report["results"]) {
+    std::cout << fmt::format("{:<32} {:>24.2f} {:>24.2f}\n", r["variant"].get<std::string>(),
+                             r["decode_vs_llama_bench"].get<double>(), r["prefill_vs_llama_bench"].get<double>());
+  }
+}
+
 void print_table(const nlohmann::json& report) {
   std::cout << fmt::format("model: {} ({:.1f}M parameters), {:.1f} MB of weights read per decoded token, "
                            "decode limit {:.1f} tokens/s; prefill of {} tokens = {:.2f} GFLOP\n",
@@ -318,6 +336,7 @@ void print_report(const nlohmann::json& report) {
     print_machine(report);
   }
   print_table(report);
+  print_llama_bench(report);
 }
 
 }  // namespace
@@ -334,7 +353,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
                 {"no-eager-attention", "", "skip the variant whose prefill attention is eager instead of fused"},
                 {"no-quantized", "", "skip the q8_0 and q4_0 variants"},
                 {"quant-kernel", "NAME", "the quantized products' kernel: auto (default: the best this CPU has), avx512, "
-                                         "avx2 or scalar"}});
+                                         "avx2 or scalar"},
+                {"compare-llama-bench", "FILE", "llama-bench's JSON for the same weights (`llama-bench -m FILE -t T -p "
+                                                "PROMPT-LEN -n DECODE-TOKENS -o json`): print each variant's ratios to it"}});
   const Args args(specs, argv);
   if (args.flag("help")) {
     std::cout << usage("bench",
@@ -354,6 +375,11 @@ int cmd_bench(const std::vector<std::string>& argv) {
   // host only loads (and quantizes) the weights, with every core.
   const bool on_gpu = args.has("device") && args.value("device") != "cpu";
   apply_threads(args, /*fallback=*/on_gpu ? 0 : 1);
+  // Read before anything is measured: a file that does not match the run fails at once.
+  std::optional<LlamaBenchFigures> llama;
+  if (args.has("compare-llama-bench")) {
+    llama = read_llama_bench(args.value("compare-llama-bench"), at::get_num_threads(), prompt_len, decode_tokens);
+  }
   std::vector<std::string> forwarded = argv;
   if (!args.has("model") && !args.has("preset")) forwarded.insert(forwarded.end(), {"--preset", "llama-125m"});
   const Args model_args(specs, forwarded);
@@ -417,8 +443,12 @@ int cmd_bench(const std::vector<std::string>& argv) {
                     {"prefill_tokens_per_second", m.prefill_tokens_per_second},
                     {"prefill_gflops", gflops},
                     {"prefill_fraction_of_matmul_rate", gflops * 1e9 / matmul}});
+    if (llama) {
+      rows.back()["decode_vs_llama_bench"] = m.decode_tokens_per_second / llama->decode_tokens_per_second;
+      rows.back()["prefill_vs_llama_bench"] = m.prefill_tokens_per_second / llama->prefill_tokens_per_second;
+    }
   }
-  const nlohmann::json report{{"model", built.source},
+  nlohmann::json report{{"model", built.source},
                               {"device", options.device.str()},
                               {"dtype", c10::toString(dtype)},
                               {"parameters", parameters},
@@ -434,6 +464,14 @@ int cmd_bench(const std::vector<std::string>& argv) {
                               {"decode_limit_tokens_per_second", limit},
                               {"prefill_flops", flops},
                               {"results", rows}};
+  if (llama) {
+    report["llama_bench"] = {{"model", llama->model},
+                             {"model_type", llama->model_type},
+                             {"build_commit", llama->build_commit},
+                             {"threads", llama->threads},
+                             {"prefill_tokens_per_second", llama->prefill_tokens_per_second},
+                             {"decode_tokens_per_second", llama->decode_tokens_per_second}};
+  }
   if (args.flag("json")) {
     std::cout << report.dump(2) << "\n";
     return 0;
