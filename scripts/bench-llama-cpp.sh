@@ -7,7 +7,8 @@
 #      --compare-llama-bench JSON` (torchpatch's own mix: the output layer at Q8_0 under q4_0);
 #   3. rounds interleaved, the best of each cell kept (both tools report the best of their runs).
 # Usage: scripts/bench-llama-cpp.sh [avx2|native]   (default native)
-#   avx2    torchpatch with --quant-kernel avx2 against a llama.cpp built for AVX2 without AVX-512
+#   avx2    torchpatch capped at AVX2 (ATEN_CPU_CAPABILITY=avx2 for LibTorch's kernels and torchpatch's,
+#           MKL_ENABLE_INSTRUCTIONS=AVX2 for MKL's) against a llama.cpp built for AVX2 without AVX-512
 #           (scripts/build-llama-cpp.sh with TORCHPATCH_LLAMA_CPU=avx2): an AVX2 machine's figures on
 #           a machine that also has AVX-512
 #   native  the best kernels each has on this machine
@@ -19,7 +20,8 @@ cd "$(dirname "$0")/.."
 level=${1:-native}
 case $level in
   native) kernel=auto; llama_build=build ;;
-  avx2) kernel=avx2; llama_build=build-avx2 ;;
+  # LibTorch's kernels, MKL's and torchpatch's own all stop at AVX2 (base/cpu_level.h).
+  avx2) kernel=avx2; llama_build=build-avx2; export ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ;;
   *) echo "bench-llama-cpp: '$level' is not a level (avx2 or native)" >&2; exit 2 ;;
 esac
 presets=${PRESETS:-llama-125m qwen2-moe-125m}

@@ -142,6 +142,19 @@ TEST_CASE("cli bench --quant-kernel runs the kernel named, and refuses one the C
     CHECK(nlohmann::json::parse(avx2.out)["quant_kernel"] == "avx2");
     CHECK(nlohmann::json::parse(avx2.out)["quant_layout"] == "kRows16");
   }
+  if (torchpatch::nn::quant_kernel_available(torchpatch::nn::QuantKernel::kAvx2)) {
+    // LibTorch's knob caps torchpatch's kernels too: the process runs as on an AVX2 machine.
+    const auto capped = torchpatch_cli("bench --preset tiny-llama --prompt-len 8 --decode-tokens 2 --repeats 1 "
+                                       "--no-fused --no-blas --no-eager-attention --no-quantized --json",
+                                       "ATEN_CPU_CAPABILITY=avx2");
+    INFO(capped.out);
+    REQUIRE(capped.code == 0);
+    CHECK(nlohmann::json::parse(capped.out)["quant_kernel"] == "avx2");
+    CHECK(nlohmann::json::parse(capped.out)["cpu_capability_cap"] == "avx2");
+    const auto above = torchpatch_cli("bench --preset tiny-llama --quant-kernel avx512", "ATEN_CPU_CAPABILITY=avx2");
+    CHECK(above.code != 0);
+    CHECK_THAT(above.out, Contains("--quant-kernel avx512: this CPU cannot run it"));
+  }
   if (!torchpatch::nn::quant_kernel_available(torchpatch::nn::QuantKernel::kAvx512)) {
     const auto lacking = torchpatch_cli("bench --preset tiny-llama --quant-kernel avx512");
     CHECK(lacking.code != 0);

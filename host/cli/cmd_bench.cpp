@@ -5,6 +5,7 @@
 // experts, SequentialExperts and a naive all-experts loop.
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <map>
@@ -274,19 +275,22 @@ void choose_quant_kernel(const std::string& name) {
     for (const auto k : {nn::QuantKernel::kAvx512, nn::QuantKernel::kAvx2, nn::QuantKernel::kScalar}) {
       if (nn::quant_kernel_available(k)) runs += std::string(runs.empty() ? "" : ", ") + nn::quant_kernel_name(k);
     }
-    throw UsageError(fmt::format("--quant-kernel {}: this CPU cannot run it (it runs {})", name, runs));
+    throw UsageError(fmt::format("--quant-kernel {}: this CPU cannot run it (it runs {}{})", name, runs,
+                                 std::getenv("ATEN_CPU_CAPABILITY") ? fmt::format(" under ATEN_CPU_CAPABILITY={}", std::getenv("ATEN_CPU_CAPABILITY")) : ""));
   }
   nn::set_quant_kernel(*kernel);
 }
 
 void print_machine(const nlohmann::json& report) {
+  const auto cap = report["cpu_capability_cap"].get<std::string>();
   std::cout << fmt::format("machine: copy bandwidth {:.2f} GB/s (memcpy of 256 MiB, read + written, best of before and after the variants), float32 matmul "
                            "{:.1f} GFLOP/s (128x1024x1024, oneDNN; the system BLAS {:.1f}), {} thread(s), quantized "
-                           "kernel {} ({} layout)\n",
+                           "kernel {} ({} layout){}\n",
                            report["copy_bandwidth_bytes_per_second"].get<double>() / 1e9,
                            report["matmul_flops_per_second"].get<double>() / 1e9,
                            report["blas_matmul_flops_per_second"].get<double>() / 1e9, report["threads"].get<int>(),
-                           report["quant_kernel"].get<std::string>(), report["quant_layout"].get<std::string>());
+                           report["quant_kernel"].get<std::string>(), report["quant_layout"].get<std::string>(),
+                           cap.empty() ? "" : fmt::format(", kernels capped at ATEN_CPU_CAPABILITY={}", cap));
 }
 
 // With --compare-llama-bench: llama.cpp's figures, and each variant's over them.
@@ -456,6 +460,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
                               {"threads", at::get_num_threads()},
                               {"quant_kernel", nn::quant_kernel_name(nn::active_quant_kernel())},
                               {"quant_layout", nn::preferred_quant_layout() == nn::QuantLayout::kRows16 ? "kRows16" : "kBlocks"},
+                              // LibTorch's and torchpatch's kernels stop at this x86 level ("" when unset).
+                              {"cpu_capability_cap", std::getenv("ATEN_CPU_CAPABILITY") ? std::getenv("ATEN_CPU_CAPABILITY") : ""},
                               {"prompt_len", prompt_len},
                               {"decode_tokens", decode_tokens},
                               {"copy_bandwidth_bytes_per_second", bandwidth},

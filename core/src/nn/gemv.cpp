@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/cpu_level.h"
 #include "base/parallel.h"
 #include "base/x86_intrinsics.h"
 
@@ -58,8 +59,9 @@ __attribute__((target("avx2,fma"))) float row_avx2(const float* w, const float* 
 }  // namespace
 
 DecodeKernel resolve_decode_kernel(DecodeKernel choice) {
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool avx512 = __builtin_cpu_supports("avx512f") && base::cpu_level_allowed(base::CpuLevel::kAvx512);
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                           base::cpu_level_allowed(base::CpuLevel::kAvx2);
   switch (choice) {
     case DecodeKernel::kAuto: return avx512 ? DecodeKernel::kAvx512 : avx2 ? DecodeKernel::kAvx2 : DecodeKernel::kBlas;
     case DecodeKernel::kAvx512: return avx512 ? DecodeKernel::kAvx512 : DecodeKernel::kBlas;

@@ -46,6 +46,7 @@
 #include <fmt/ranges.h>  // fmt::join
 
 #include "torchpatch/error.h"
+#include "base/cpu_level.h"
 #include "base/parallel.h"
 #include "base/x86_intrinsics.h"
 #include "nn/quant_block.h"
@@ -782,8 +783,10 @@ bool cpu_has_f16c() {
   return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
 }
 
+// AVX2 with FMA and F16C, unless ATEN_CPU_CAPABILITY caps the process below it (base/cpu_level.h).
 bool cpu_has_avx2() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c() &&
+                          base::cpu_level_allowed(base::CpuLevel::kAvx2);
   return has;
 }
 
@@ -794,7 +797,7 @@ bool cpu_has_avx512_vnni() {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
     const bool vnni = __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 11)) != 0;
     return vnni && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && cpu_has_avx2();
+           __builtin_cpu_supports("avx512vl") && cpu_has_avx2() && base::cpu_level_allowed(base::CpuLevel::kAvx512);
   }();
   return has;
 }
