@@ -59,44 +59,65 @@ TP_AVX2 inline float max_lanes(__m256 v) {
   return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
 }
 
-/// Block b of 8 rows (this half's scales at `scales`, its register k at quants + 64 k) times tokens
-/// [0, TT), added to acc[t].
-template <bool Q8, int TT>
-TP_AVX2 inline void block_half(const uint8_t* scales, const uint8_t* quants, int64_t b, const RowTokens& x,
-                               __m256* acc) {
-  const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
+/// Block b of H halves of a group (half h's 8 scales at scales + 16 h, its register k at quants + 64 k
+/// + 32 h) times tokens [0, TT), added to acc[h][t]. Each activation word is broadcast once for the H
+/// halves.
+template <bool Q8, int TT, int H>
+TP_AVX2 inline void block_halves(const uint8_t* scales, const uint8_t* quants, int64_t b, const RowTokens& x,
+                                 __m256 (*acc)[TT]) {
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256i sums[TT];
+  const int8_t* xq[TT];
+  TP_UNROLL for (int t = 0; t < TT; ++t) xq[t] = x.q + (t * x.blocks + b) * kBlock;
+  __m256i sums[H][TT];
   if constexpr (Q8) {
-    TP_UNROLL for (int t = 0; t < TT; ++t) sums[t] = _mm256_setzero_si256();
+    TP_UNROLL for (int h = 0; h < H; ++h) {
+      TP_UNROLL for (int t = 0; t < TT; ++t) sums[h][t] = _mm256_setzero_si256();
+    }
     TP_UNROLL for (int k = 0; k < 8; ++k) {
-      const __m256i w = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + 64 * k)),
-                                         _mm256_set1_epi8(static_cast<char>(0x80)));
-      const __m256i magnitude = _mm256_sign_epi8(w, w);  // -128 stays 0x80: 128 unsigned
-      TP_UNROLL for (int t = 0; t < TT; ++t) {
-        const __m256i xs = _mm256_sign_epi8(broadcast_word(x.q + (t * x.blocks + b) * kBlock + 4 * k), w);
-        sums[t] = _mm256_add_epi32(sums[t], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, xs), ones));
+      __m256i xk[TT];
+      TP_UNROLL for (int t = 0; t < TT; ++t) xk[t] = broadcast_word(xq[t] + 4 * k);
+      TP_UNROLL for (int h = 0; h < H; ++h) {
+        const __m256i w = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + 64 * k + 32 * h)),
+                                           _mm256_set1_epi8(static_cast<char>(0x80)));
+        const __m256i magnitude = _mm256_sign_epi8(w, w);  // -128 stays 0x80: 128 unsigned
+        TP_UNROLL for (int t = 0; t < TT; ++t) {
+          const __m256i products = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(xk[t], w));
+          sums[h][t] = _mm256_add_epi32(sums[h][t], _mm256_madd_epi16(products, ones));
+        }
       }
     }
   } else {
-    __m256i pairs[TT];
-    TP_UNROLL for (int t = 0; t < TT; ++t) pairs[t] = _mm256_setzero_si256();
+    __m256i pairs[H][TT];
+    TP_UNROLL for (int h = 0; h < H; ++h) {
+      TP_UNROLL for (int t = 0; t < TT; ++t) pairs[h][t] = _mm256_setzero_si256();
+    }
     const __m256i low = _mm256_set1_epi8(0x0f);
     TP_UNROLL for (int k = 0; k < 4; ++k) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + 64 * k));
-      const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      __m256i x_lo[TT], x_hi[TT];
       TP_UNROLL for (int t = 0; t < TT; ++t) {
-        const int8_t* xq = x.q + (t * x.blocks + b) * kBlock;
-        pairs[t] = _mm256_add_epi16(pairs[t], _mm256_maddubs_epi16(lo, broadcast_word(xq + 4 * k)));
-        pairs[t] = _mm256_add_epi16(pairs[t], _mm256_maddubs_epi16(hi, broadcast_word(xq + 16 + 4 * k)));
+        x_lo[t] = broadcast_word(xq[t] + 4 * k);
+        x_hi[t] = broadcast_word(xq[t] + 16 + 4 * k);
+      }
+      TP_UNROLL for (int h = 0; h < H; ++h) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + 64 * k + 32 * h));
+        const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        TP_UNROLL for (int t = 0; t < TT; ++t) {
+          pairs[h][t] = _mm256_add_epi16(pairs[h][t], _mm256_maddubs_epi16(lo, x_lo[t]));
+          pairs[h][t] = _mm256_add_epi16(pairs[h][t], _mm256_maddubs_epi16(hi, x_hi[t]));
+        }
       }
     }
-    TP_UNROLL for (int t = 0; t < TT; ++t) sums[t] = _mm256_madd_epi16(pairs[t], ones);
+    TP_UNROLL for (int h = 0; h < H; ++h) {
+      TP_UNROLL for (int t = 0; t < TT; ++t) sums[h][t] = _mm256_madd_epi16(pairs[h][t], ones);
+    }
   }
-  TP_UNROLL for (int t = 0; t < TT; ++t) {
-    const int64_t at = t * x.blocks + b;
-    const __m256i total = _mm256_add_epi32(sums[t], _mm256_set1_epi32(x.init[at]));
-    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(dw, _mm256_set1_ps(x.d[at])), acc[t]);
+  TP_UNROLL for (int h = 0; h < H; ++h) {
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 16 * h)));
+    TP_UNROLL for (int t = 0; t < TT; ++t) {
+      const int64_t at = t * x.blocks + b;
+      const __m256i total = _mm256_add_epi32(sums[h][t], _mm256_set1_epi32(x.init[at]));
+      acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(dw, _mm256_set1_ps(x.d[at])), acc[h][t]);
+    }
   }
 }
 
@@ -113,9 +134,7 @@ TP_AVX2 void group_pass(const uint8_t* group, int h0, const RowTokens& x, float*
   }
   for (int64_t b = 0; b < x.blocks; ++b) {
     const block::Rows16Block at = block::rows16_block(b, x.blocks, bytes);
-    TP_UNROLL for (int h = 0; h < H; ++h) {
-      block_half<Q8, TT>(group + at.scales + 16 * (h0 + h), group + at.quants + 32 * (h0 + h), b, x, acc[h]);
-    }
+    block_halves<Q8, TT, H>(group + at.scales + 16 * h0, group + at.quants + 32 * h0, b, x, acc);
   }
   TP_UNROLL for (int h = 0; h < H; ++h) {
     const int64_t row = 8 * (h0 + h);
