@@ -562,18 +562,10 @@ template <bool Q8>
 TP_AVX512 void prefill_groups16_avx512(const uint8_t* w, int64_t row_bytes, const RowTokens& x, int64_t tokens,
                                        int64_t row_begin, int64_t row_end, float* y, int64_t out_features,
                                        const float* bias) {
-  // Tokens in chunks whose activations (32 bytes of q, a scale and an offset per block) stay in L2.
-  const int64_t token_bytes = x.blocks * (kBlock + 8);
-  const int64_t chunk = std::max<int64_t>(kGroupTokens, (512 * 1024 / token_bytes) / kGroupTokens * kGroupTokens);
-  for (int64_t t0 = 0; t0 < tokens; t0 += chunk) {
-    const int64_t t1 = std::min(tokens, t0 + chunk);
-    for (int64_t o = row_begin; o < row_end; o += block::kGroupRows) {
-      const uint8_t* group = w + o * row_bytes;
-      const float* b = bias ? bias + o : nullptr;
-      for (int64_t t = t0; t < t1; t += kGroupTokens) {
-        const RowTokens xt{x.blocks, x.q + t * x.blocks * kBlock, x.d + t * x.blocks, x.init + t * x.blocks};
-        float* out = y + t * out_features + o;
-        switch (std::min(kGroupTokens, t1 - t)) {
+  rows16::for_groups_and_tokens(
+      w, row_bytes, x, tokens, row_begin, row_end, y, out_features, bias, kGroupTokens, 512 * 1024,
+      [&](const uint8_t* group, const RowTokens& xt, float* out, const float* b, int64_t n) {
+        switch (n) {
           case 8: decode_group_avx512<Q8, 8>(group, xt, out, out_features, b); break;
           case 7: decode_group_avx512<Q8, 7>(group, xt, out, out_features, b); break;
           case 6: decode_group_avx512<Q8, 6>(group, xt, out, out_features, b); break;
@@ -583,9 +575,7 @@ TP_AVX512 void prefill_groups16_avx512(const uint8_t* w, int64_t row_bytes, cons
           case 2: decode_group_avx512<Q8, 2>(group, xt, out, out_features, b); break;
           default: decode_group_avx512<Q8, 1>(group, xt, out, out_features, b); break;
         }
-      }
-    }
-  }
+      });
 }
 
 // ---- prefill (kTileTokens tokens or more): groups of 16 blocks, one block per int32 lane

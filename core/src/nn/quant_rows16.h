@@ -2,6 +2,7 @@
 // take them, and the AVX2 kernels (quant_rows16_avx2.cpp; the AVX-512 ones are in quant_kernels.cpp).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 namespace torchpatch::nn::rows16 {
@@ -16,6 +17,28 @@ struct RowTokens {
   const float* d;
   const int32_t* init;
 };
+
+/// Every group of 16 rows in [row_begin, row_end) times every token, `step` tokens at a time:
+/// run(group, x_t, out, bias, n) with x_t the n <= step tokens from t on and out = y + t * out_features
+/// + o. Tokens go in chunks whose activations (32 bytes of q, a scale and an init per block) stay
+/// within `cache_bytes`, so a group's rows, once in cache, serve every token of a chunk.
+template <class Run>
+void for_groups_and_tokens(const uint8_t* w, int64_t row_bytes, const RowTokens& x, int64_t tokens, int64_t row_begin,
+                           int64_t row_end, float* y, int64_t out_features, const float* bias, int64_t step,
+                           int64_t cache_bytes, const Run& run) {
+  constexpr int64_t kRows = 16, kBlockWeights = 32;
+  const int64_t token_bytes = x.blocks * (kBlockWeights + 8);
+  const int64_t chunk = std::max<int64_t>(step, cache_bytes / token_bytes / step * step);
+  for (int64_t t0 = 0; t0 < tokens; t0 += chunk) {
+    const int64_t t1 = std::min(tokens, t0 + chunk);
+    for (int64_t o = row_begin; o < row_end; o += kRows) {
+      for (int64_t t = t0; t < t1; t += step) {
+        const RowTokens xt{x.blocks, x.q + t * x.blocks * kBlockWeights, x.d + t * x.blocks, x.init + t * x.blocks};
+        run(w + o * row_bytes, xt, y + t * out_features + o, bias ? bias + o : nullptr, std::min(step, t1 - t));
+      }
+    }
+  }
+}
 
 /// The activations' Q8_0 blocks with AVX2: the same q, d and sums as the scalar quantize_activations
 /// (quant_kernels.cpp), bit for bit: d = amax / 127, q = x * (127 / amax) rounded to nearest even,

@@ -156,26 +156,15 @@ TP_AVX2 void group_tokens(const uint8_t* group, const RowTokens& x, float* out, 
 template <bool Q8>
 void product(const uint8_t* w, int64_t row_bytes, const RowTokens& x, int64_t tokens, int64_t row_begin,
              int64_t row_end, float* y, int64_t out_features, const float* bias) {
-  // Tokens in chunks whose activations (32 bytes of q, a scale and an init per block) stay in L2.
-  const int64_t token_bytes = x.blocks * (kBlock + 8);
-  const int64_t chunk = std::max<int64_t>(kTokens, (256 * 1024 / token_bytes) / kTokens * kTokens);
-  for (int64_t t0 = 0; t0 < tokens; t0 += chunk) {
-    const int64_t t1 = std::min(tokens, t0 + chunk);
-    for (int64_t o = row_begin; o < row_end; o += block::kGroupRows) {
-      const uint8_t* group = w + o * row_bytes;
-      const float* b = bias ? bias + o : nullptr;
-      for (int64_t t = t0; t < t1; t += kTokens) {
-        const RowTokens xt{x.blocks, x.q + t * x.blocks * kBlock, x.d + t * x.blocks, x.init + t * x.blocks};
-        float* out = y + t * out_features + o;
-        switch (std::min<int64_t>(kTokens, t1 - t)) {
-          case 4: group_tokens<Q8, 4>(group, xt, out, out_features, b); break;
-          case 3: group_tokens<Q8, 3>(group, xt, out, out_features, b); break;
-          case 2: group_tokens<Q8, 2>(group, xt, out, out_features, b); break;
-          default: group_tokens<Q8, 1>(group, xt, out, out_features, b); break;
-        }
-      }
-    }
-  }
+  for_groups_and_tokens(w, row_bytes, x, tokens, row_begin, row_end, y, out_features, bias, kTokens, 256 * 1024,
+                        [&](const uint8_t* group, const RowTokens& xt, float* out, const float* b, int64_t n) {
+                          switch (n) {
+                            case 4: group_tokens<Q8, 4>(group, xt, out, out_features, b); break;
+                            case 3: group_tokens<Q8, 3>(group, xt, out, out_features, b); break;
+                            case 2: group_tokens<Q8, 2>(group, xt, out, out_features, b); break;
+                            default: group_tokens<Q8, 1>(group, xt, out, out_features, b); break;
+                          }
+                        });
 }
 
 }  // namespace
