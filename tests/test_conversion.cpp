@@ -21,10 +21,22 @@ namespace {
 
 fs::path llama_dir() { return testutil::data_dir() / "llama_basic"; }
 
+// A fresh directory for this process, removed when the process exits (each test runs in its own).
 fs::path temp_dir(const std::string& name) {
+  struct Made {
+    std::vector<fs::path> dirs;
+    ~Made() {
+      for (const auto& dir : dirs) {
+        std::error_code ec;
+        fs::remove_all(dir, ec);
+      }
+    }
+  };
+  static Made made;
   const auto dir = fs::temp_directory_path() / ("torchpatch-conv-" + std::to_string(::getpid()) + "-" + name);
   fs::remove_all(dir);
   fs::create_directories(dir);
+  made.dirs.push_back(dir);
   return dir;
 }
 
