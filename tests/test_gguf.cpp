@@ -596,7 +596,8 @@ TEST_CASE("GGUF: presets of the families with a GGUF architecture go through GGU
     }
     // Without a vocabulary of its own the file says so as llama.cpp does, and reading text from it
     // asks for a tokenizer.
-    const auto* vocabulary = GgufFile::open(file)->find_value("tokenizer.ggml.model");
+    const auto saved = GgufFile::open(file);
+    const auto* vocabulary = saved->find_value("tokenizer.ggml.model");
     REQUIRE(vocabulary != nullptr);
     CHECK(vocabulary->text == "none");
     CHECK(gguf_tokenizer_files(file).empty());
