@@ -266,6 +266,12 @@ void measure_variants(PluginHost& host, BuiltModel& built, const Args& args, con
   }
 }
 
+// ATEN_CPU_CAPABILITY, which caps LibTorch's kernels and torchpatch's at an x86 level; "" when unset.
+std::string cpu_capability_cap() {
+  const char* value = std::getenv("ATEN_CPU_CAPABILITY");
+  return value ? value : "";
+}
+
 // --quant-kernel NAME for the whole run (the model is then built in the layout that kernel reads).
 void choose_quant_kernel(const std::string& name) {
   const auto kernel = nn::parse_quant_kernel(name);
@@ -276,7 +282,7 @@ void choose_quant_kernel(const std::string& name) {
       if (nn::quant_kernel_available(k)) runs += std::string(runs.empty() ? "" : ", ") + nn::quant_kernel_name(k);
     }
     throw UsageError(fmt::format("--quant-kernel {}: this CPU cannot run it (it runs {}{})", name, runs,
-                                 std::getenv("ATEN_CPU_CAPABILITY") ? fmt::format(" under ATEN_CPU_CAPABILITY={}", std::getenv("ATEN_CPU_CAPABILITY")) : ""));
+                                 cpu_capability_cap().empty() ? "" : " under ATEN_CPU_CAPABILITY=" + cpu_capability_cap()));
   }
   nn::set_quant_kernel(*kernel);
 }
@@ -461,7 +467,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
                               {"quant_kernel", nn::quant_kernel_name(nn::active_quant_kernel())},
                               {"quant_layout", nn::preferred_quant_layout() == nn::QuantLayout::kRows16 ? "kRows16" : "kBlocks"},
                               // LibTorch's and torchpatch's kernels stop at this x86 level ("" when unset).
-                              {"cpu_capability_cap", std::getenv("ATEN_CPU_CAPABILITY") ? std::getenv("ATEN_CPU_CAPABILITY") : ""},
+                              {"cpu_capability_cap", cpu_capability_cap()},
                               {"prompt_len", prompt_len},
                               {"decode_tokens", decode_tokens},
                               {"copy_bandwidth_bytes_per_second", bandwidth},

@@ -136,7 +136,7 @@ __attribute__((target("avx2,fma,f16c"))) inline __m256i dot_us8_avx2(__m256i u, 
 // out[t * out_stride + r] (plus bias[r]): each weight block is loaded, unpacked and scaled once for TT
 // tokens, each activation block once for RT rows, and every (row, token) takes the same operations in
 // the same order whatever RT and TT, so a token's outputs do not depend on the tile it falls in
-// (decoding's 1 x 1 tile, dot32_avx2, included).
+// (decoding's 1 x 1 tile included).
 template <QuantFormat F, int RT, int TT>
 __attribute__((target("avx2,fma,f16c"))) void tile32_avx2(const uint8_t* w, int64_t row_bytes, const QuantizedRow* x,
                                                           int64_t blocks, float* out, int64_t out_stride,
