@@ -5,7 +5,8 @@
 #      llama.cpp's own llama-quantize (its default mix: the output layer at Q6_K);
 #   2. `llama-bench -o json` on that file, then `torchpatch bench --preset P --quantize F
 #      --compare-llama-bench JSON` (torchpatch's own mix: the output layer at Q8_0 under q4_0);
-#   3. rounds interleaved, the best of each cell kept (both tools report the best of their runs).
+#   3. rounds interleaved, the best of each cell kept (both tools report the best of their runs);
+#      decoding timed from a one-token prompt, as llama-bench's tg test decodes from an empty cache.
 # Usage: scripts/bench-llama-cpp.sh [avx2|native]   (default native)
 #   avx2    torchpatch capped at AVX2 (ATEN_CPU_CAPABILITY=avx2 for LibTorch's kernels and torchpatch's,
 #           MKL_ENABLE_INSTRUCTIONS=AVX2 for MKL's) against a llama.cpp built for AVX2 without AVX-512

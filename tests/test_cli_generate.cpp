@@ -184,6 +184,10 @@ TEST_CASE("cli bench --compare-llama-bench prints its ratios to llama-bench's fi
   const auto& ours = j["results"][0];
   CHECK(ours["prefill_vs_llama_bench"].get<double>() == ours["prefill_tokens_per_second"].get<double>() / 500.0);
   CHECK(ours["decode_vs_llama_bench"].get<double>() == ours["decode_tokens_per_second"].get<double>() / 100.0);
+  CHECK(j["decode_prompt_len"] == 1);  // llama-bench's tg decodes from an empty cache; so does the comparison
+  const auto after_prompt = torchpatch_cli(run + " --decode-prompt-len 8 --json");
+  REQUIRE(after_prompt.code == 0);
+  CHECK(nlohmann::json::parse(after_prompt.out)["decode_prompt_len"] == 8);
   const auto table = torchpatch_cli(run);
   CHECK_THAT(table.out, Contains("decode x llama.cpp") && Contains("llama.cpp 0c1e570 on tiny.gguf"));
 

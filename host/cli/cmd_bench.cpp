@@ -160,18 +160,32 @@ struct Measurement {
   double weight_bytes_per_token;  ///< this variant's own (quantized weights read fewer)
 };
 
-Measurement measure(const std::string& variant, PretrainedModel& model, int64_t prompt_len, int64_t decode_tokens,
-                    int repeats, bool cuda_graph = true) {
-  const auto ids = at::randint(3, model.config().decoder.vocab_size, {1, prompt_len}, at::kLong);
-  GenerationConfig config;
-  config.max_new_tokens = decode_tokens + 1;
-  config.cuda_graph = cuda_graph;
-  generate(model, ids, {}, config);  // warm up
+struct BenchRun {
+  int64_t prompt_len, decode_tokens;
+  int64_t decode_prompt_len;  ///< tokens prefilled before the timed decoding (llama-bench's tg: from empty)
+  int repeats;
+};
+
+// Best of `run.repeats` generations after a warm-up. Decoding is timed after a prompt of
+// run.decode_prompt_len tokens: where that is not the prefill's prompt, decoding gets runs of its own
+// (every cached token is read again at each step, so the context decoding starts from matters).
+Measurement measure(const std::string& variant, PretrainedModel& model, const BenchRun& run, bool cuda_graph = true) {
+  const auto vocab = model.config().decoder.vocab_size;
+  const auto ids = at::randint(3, vocab, {1, run.prompt_len}, at::kLong);
+  const bool separate = run.decode_prompt_len != run.prompt_len;
+  const auto decode_ids = separate ? at::randint(3, vocab, {1, run.decode_prompt_len}, at::kLong) : ids;
+  GenerationConfig prefill_config, decode_config;
+  prefill_config.cuda_graph = decode_config.cuda_graph = cuda_graph;
+  prefill_config.max_new_tokens = separate ? 1 : run.decode_tokens + 1;
+  decode_config.max_new_tokens = run.decode_tokens + 1;
+  generate(model, ids, {}, prefill_config);  // warm up
+  if (separate) generate(model, decode_ids, {}, decode_config);
   Measurement m{variant, 0, 0, weight_bytes_per_token(model)};
-  for (int i = 0; i < repeats; ++i) {
-    const auto out = generate(model, ids, {}, config);
-    m.decode_tokens_per_second = std::max(m.decode_tokens_per_second, out.decode_tokens_per_second());
+  for (int i = 0; i < run.repeats; ++i) {
+    const auto out = generate(model, ids, {}, prefill_config);
     m.prefill_tokens_per_second = std::max(m.prefill_tokens_per_second, out.prefill_tokens_per_second());
+    const auto decoded = separate ? generate(model, decode_ids, {}, decode_config) : out;
+    m.decode_tokens_per_second = std::max(m.decode_tokens_per_second, decoded.decode_tokens_per_second());
   }
   return m;
 }
@@ -214,11 +228,6 @@ class NaiveAllExperts : public nn::FusedExperts {
   }
 };
 
-struct BenchRun {
-  int64_t prompt_len, decode_tokens;
-  int repeats;
-};
-
 // The variants beside the model as built: with FusedQKVAttention (when its plugin is there), and for
 // MoE models the eager experts, SequentialExperts and a naive all-experts loop. Each is built afresh;
 // `built` is released first so one model is in memory at a time.
@@ -235,23 +244,20 @@ void measure_variants(PluginHost& host, BuiltModel& built, const Args& args, con
     built.model.reset();  // one model in memory at a time
     ScopedPatchMapping patch({{key, *fused}}, false, host.registries().patches());
     BuiltModel patched = build_model(host, Args(specs, forwarded));
-    results.push_back(measure("FusedQKVAttention", *patched.model, run.prompt_len, run.decode_tokens, run.repeats));
+    results.push_back(measure("FusedQKVAttention", *patched.model, run));
   }
   if (!experts_key.empty() && !args.has("patch") && !args.has("experts") && !in_group && !quantized) {
     built.model.reset();
     auto eager_argv = forwarded;
     eager_argv.insert(eager_argv.end(), {"--experts", "eager"});
-    results.push_back(measure("eager experts", *build_model(host, Args(specs, eager_argv)).model, run.prompt_len,
-                              run.decode_tokens, run.repeats));
+    results.push_back(measure("eager experts", *build_model(host, Args(specs, eager_argv)).model, run));
     if (const auto sequential = host.find_class("SequentialExperts")) {
       ScopedPatchMapping patch({{experts_key, *sequential}}, false, host.registries().patches());
-      results.push_back(measure("SequentialExperts", *build_model(host, Args(specs, forwarded)).model, run.prompt_len, run.decode_tokens,
-                                run.repeats));
+      results.push_back(measure("SequentialExperts", *build_model(host, Args(specs, forwarded)).model, run));
     }
     ScopedPatchMapping naive({{experts_key, module_class<NaiveAllExperts>("NaiveAllExperts")}}, false,
                              host.registries().patches());
-    results.push_back(measure("naive: all experts, all tokens", *build_model(host, Args(specs, forwarded)).model, run.prompt_len,
-                              run.decode_tokens, run.repeats));
+    results.push_back(measure("naive: all experts, all tokens", *build_model(host, Args(specs, forwarded)).model, run));
   }
   // Quantized: every projection and the experts in GGUF's blocks, built from the same float weights.
   if (host.registries().families().quantization_method("ggml") && !args.has("quantize") && !args.flag("no-quantized") &&
@@ -261,7 +267,7 @@ void measure_variants(PluginHost& host, BuiltModel& built, const Args& args, con
       auto quantized_argv = forwarded;
       quantized_argv.insert(quantized_argv.end(), {"--quantize", format});
       results.push_back(measure(fmt::format("quantized {}", format), *build_model(host, Args(specs, quantized_argv)).model,
-                                run.prompt_len, run.decode_tokens, run.repeats));
+                                run));
     }
   }
 }
@@ -317,11 +323,13 @@ void print_llama_bench(const nlohmann::json& report) {
 
 void print_table(const nlohmann::json& report) {
   std::cout << fmt::format("model: {} ({:.1f}M parameters), {:.1f} MB of weights read per decoded token, "
-                           "decode limit {:.1f} tokens/s; prefill of {} tokens = {:.2f} GFLOP\n",
+                           "decode limit {:.1f} tokens/s; prefill of {} tokens = {:.2f} GFLOP; {} decode steps "
+                           "timed after a prompt of {}\n",
                            report["model"].get<std::string>(), report["parameters"].get<double>() / 1e6,
                            report["weight_bytes_per_token"].get<double>() / 1e6,
                            report["decode_limit_tokens_per_second"].get<double>(), report["prompt_len"].get<int64_t>(),
-                           report["prefill_flops"].get<double>() / 1e9);
+                           report["prefill_flops"].get<double>() / 1e9, report["decode_tokens"].get<int64_t>(),
+                           report["decode_prompt_len"].get<int64_t>());
   std::cout << "(of limit: decode tok/s against the variant's own bytes per token; x limit: against the model as "
                "built's)\n";
   std::cout << fmt::format("{:<32} {:>14} {:>10} {:>10} {:>16} {:>10} {:>12}\n", "variant", "decode tok/s", "of limit",
@@ -357,6 +365,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
   specs.insert(specs.begin() + 3,
                {{"prompt-len", "N", "prefill length (default 128)"},
                 {"decode-tokens", "N", "decode steps timed per run (default 32)"},
+                {"decode-prompt-len", "N", "tokens prefilled before the timed decode steps (default: --prompt-len; "
+                                           "with --compare-llama-bench 1, as llama-bench's tg test decodes from an "
+                                           "empty cache)"},
                 {"repeats", "N", "timed runs; the best is reported (default 3)"},
                 {"no-fused", "", "skip the FusedQKVAttention variant"},
                 {"no-blas", "", "skip the variant whose float32 products run on the system BLAS"},
@@ -380,6 +391,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const int64_t repeats_wanted = int_option(args, "repeats", 3, 1);
   if (repeats_wanted > 1000000) throw UsageError(fmt::format("--repeats: {} is more than 1000000", repeats_wanted));
   const int repeats = static_cast<int>(repeats_wanted);
+  // llama-bench times its tg test from an empty cache: compared with it, decoding starts there too.
+  const int64_t decode_prompt_len =
+      int_option(args, "decode-prompt-len", args.has("compare-llama-bench") ? 1 : prompt_len, 1);
   if (args.has("quant-kernel")) choose_quant_kernel(args.value("quant-kernel"));
   // One thread unless asked: on the CPU the figures compare with the one-thread limits. On a GPU the
   // host only loads (and quantizes) the weights, with every core.
@@ -412,20 +426,18 @@ int cmd_bench(const std::vector<std::string>& argv) {
   int64_t parameters = 0;
   for (const auto& p : model_parameters) parameters += p.numel();
 
-  const BenchRun run{prompt_len, decode_tokens, repeats};
-  std::vector<Measurement> results{measure(args.has("patch") ? "as patched" : "built-in", *built.model, prompt_len,
-                                           decode_tokens, repeats)};
+  const BenchRun run{prompt_len, decode_tokens, decode_prompt_len, repeats};
+  std::vector<Measurement> results{measure(args.has("patch") ? "as patched" : "built-in", *built.model, run)};
   if (!cpu) {
     // CUDA graph decoding's baseline: one forward pass per token, each operation launched by the host.
-    results.push_back(measure(results[0].variant + ", no CUDA graph", *built.model, prompt_len, decode_tokens, repeats,
-                              /*cuda_graph=*/false));
+    results.push_back(measure(results[0].variant + ", no CUDA graph", *built.model, run, /*cuda_graph=*/false));
   }
   if (!args.flag("no-blas") && cpu) {
     // The same model with every float32 product on the system BLAS (sgemv for one token, sgemm for
     // prefill): the baseline of the decoding kernel and of oneDNN's sgemm.
     const auto previous_decode = nn::set_decode_kernel(nn::DecodeKernel::kBlas);
     const auto previous_matmul = nn::set_matmul_kernel(nn::MatmulKernel::kBlas);
-    results.push_back(measure(results[0].variant + ", system BLAS", *built.model, prompt_len, decode_tokens, repeats));
+    results.push_back(measure(results[0].variant + ", system BLAS", *built.model, run));
     nn::set_decode_kernel(previous_decode);
     nn::set_matmul_kernel(previous_matmul);
   }
@@ -433,7 +445,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
     // Prefill attention as two matmuls and a softmax: the baseline of LibTorch's fused attention.
     const auto previous = nn::set_prefill_attention(nn::PrefillAttention::kEager);
     if (previous == nn::PrefillAttention::kFused)
-      results.push_back(measure(results[0].variant + ", eager attention", *built.model, prompt_len, decode_tokens, repeats));
+      results.push_back(measure(results[0].variant + ", eager attention", *built.model, run));
     nn::set_prefill_attention(previous);
   }
   measure_variants(*host, built, args, specs, forwarded, run, results);
@@ -470,6 +482,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
                               {"cpu_capability_cap", cpu_capability_cap()},
                               {"prompt_len", prompt_len},
                               {"decode_tokens", decode_tokens},
+                              {"decode_prompt_len", decode_prompt_len},
                               {"copy_bandwidth_bytes_per_second", bandwidth},
                               {"matmul_flops_per_second", matmul},
                               {"blas_matmul_flops_per_second", rates.blas},
