@@ -11,7 +11,7 @@
 //   AVX2     kRows16 groups: quant_rows16_avx2.cpp. GGUF rows: maddubs / madd over 32 bytes, the
 //            sign trick for Q8_0's signed weights, tiles of 4 rows x 2 tokens
 //   AVX-512  VNNI's dpbusd (unsigned x signed bytes into int32). The weights enter unsigned: Q8_0 as
-//            w + 128 (exact for every int8), Q4_0 as its nibbles 0..15; each block's int32 sum starts
+//            w + 128 (an XOR as they load; exact for every int8), Q4_0 as its nibbles 0..15; each block's int32 sum starts
 //            at minus that offset (128 or 8) times the block's sum of activations, so it comes out
 //            exactly sum(w * x). Two layouts:
 //     kRows16  (nn/quant.h, what models hold on these CPUs) 16 rows at a time, lane i of each register
@@ -481,10 +481,10 @@ TP_AVX512 inline void decode_block16(const uint8_t* scales, const uint8_t* quant
                                      __m512* acc) {
   constexpr int kRegs = Q8 ? 8 : 4;
   const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
-  __m512i lo[kRegs], hi[kRegs];  // Q8_0: the weights + 128; Q4_0: low nibbles, high nibbles times 16
+  __m512i lo[kRegs], hi[kRegs];  // Q8_0: the weights + 128 (XOR 0x80); Q4_0: low nibbles, high nibbles times 16
   TP_UNROLL for (int k = 0; k < kRegs; ++k) {
     const __m512i v = _mm512_loadu_si512(quants + 64 * k);
-    lo[k] = Q8 ? v : _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
+    lo[k] = Q8 ? _mm512_xor_si512(v, _mm512_set1_epi8(-128)) : _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
     hi[k] = Q8 ? v : _mm512_and_si512(v, _mm512_set1_epi8(static_cast<char>(0xf0)));
   }
   TP_UNROLL for (int t = 0; t < TT; ++t) {
@@ -620,10 +620,10 @@ TP_AVX512 void group_token_avx512(bool q8, const int8_t* q, const float* d, cons
 }
 
 /// One row's group of up to 16 blocks into kGroupWeightRegs registers at `dst`. Lane i's block has its
-/// fp16 scale at base + scales[i] and its quant word j (4 bytes) at base + quants[i] + j * step; Q8_0
-/// quants still signed (GGUF rows) are flipped to w + 128.
+/// fp16 scale at base + scales[i] and its quant word j (4 bytes) at base + quants[i] + j * step; Q8_0's
+/// signed quants are flipped to w + 128.
 template <bool Q8>
-TP_AVX512 void gather_group(const uint8_t* base, __m512i scales, __m512i quants, int step, bool flip, int64_t n,
+TP_AVX512 void gather_group(const uint8_t* base, __m512i scales, __m512i quants, int step, int64_t n,
                             __m512i* dst) {
   const __mmask16 real = static_cast<__mmask16>((1u << n) - 1);
   for (int k = 0; k < 8; ++k) {
@@ -631,7 +631,7 @@ TP_AVX512 void gather_group(const uint8_t* base, __m512i scales, __m512i quants,
     __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), real,
                                             _mm512_add_epi32(quants, _mm512_set1_epi32(at)), base, 1);
     if (Q8) {  // w + 128
-      if (flip) v = _mm512_xor_si512(v, _mm512_set1_epi8(-128));
+      v = _mm512_xor_si512(v, _mm512_set1_epi8(-128));
     } else {  // weights 0..15 low nibbles, 16..31 high nibbles
       v = _mm512_and_si512(k < 4 ? v : _mm512_srli_epi32(v, 4), _mm512_set1_epi8(0x0f));
     }
@@ -657,7 +657,7 @@ TP_AVX512 void group_rows_avx512(const uint8_t* w, QuantLayout layout, int64_t r
       __m512i* dst = packed + (r * groups + g) * kGroupWeightRegs;
       if (row >= full) {  // a GGUF row
         const __m512i scales = offsets, quants = _mm512_add_epi32(offsets, _mm512_set1_epi32(kScaleBytes));
-        gather_group<Q8>(w + row * row_bytes + g * kGroup * bytes, scales, quants, 4, true, n, dst);
+        gather_group<Q8>(w + row * row_bytes + g * kGroup * bytes, scales, quants, 4, n, dst);
         continue;
       }
       alignas(64) int32_t scale_at[kGroup] = {}, quant_at[kGroup] = {};
@@ -668,7 +668,7 @@ TP_AVX512 void group_rows_avx512(const uint8_t* w, QuantLayout layout, int64_t r
         quant_at[i] = static_cast<int32_t>(at.quants + 4 * lane);
       }
       gather_group<Q8>(w + (row - lane) * row_bytes, _mm512_load_si512(scale_at), _mm512_load_si512(quant_at), 64,
-                       false, n, dst);
+                       n, dst);
     }
   }
 }

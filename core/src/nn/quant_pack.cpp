@@ -20,8 +20,6 @@ namespace block {
 
 namespace {
 
-constexpr uint32_t kQ8Flip = 0x80808080u;  // int8 w -> unsigned w + 128, and back
-
 /// One group of 16 rows between GGUF rows (`rows`) and kRows16 (`group`): into `group` when packing,
 /// out of it otherwise. Both hold the same 16 * blocks * bytes bytes.
 void convert_group(bool q8, bool pack, const uint8_t* from, int64_t blocks, uint8_t* to) {
@@ -36,7 +34,6 @@ void convert_group(bool q8, bool pack, const uint8_t* from, int64_t blocks, uint
         const int64_t word_in_row = row_at + kScaleBytes + 4 * k, word_in_group = at.quants + 64 * k + 4 * r;
         uint32_t word = 0;
         std::memcpy(&word, from + (pack ? word_in_row : word_in_group), 4);
-        if (q8) word ^= kQ8Flip;
         std::memcpy(to + (pack ? word_in_group : word_in_row), &word, 4);
       }
     }

@@ -69,8 +69,9 @@ enum class QuantLayout {
 //   [the 16 rows' fp16 scales of block 2p][those of block 2p + 1]                       64 bytes
 //   [block 2p's quants: register k (64 bytes), lane i = row i's quant bytes 4k..4k+3]   Q8_0 512, Q4_0 256
 //   [block 2p + 1's quants, the same way]
-// An odd last block is [its 32 bytes of scales][its quants]. Q8_0 quants are stored as w + 128 (XOR
-// 0x80, the unsigned bytes VNNI multiplies); Q4_0's bytes are GGUF's. A group is as long as its 16
+// An odd last block is [its 32 bytes of scales][its quants]. Every byte is GGUF's (Q8_0's signed: AVX2's
+// sign trick takes them as they are, AVX-512 flips them to VNNI's unsigned w + 128 as they load; stored
+// flipped, AVX2's decoding ran 5-10 % slower for the extra XOR). A group is as long as its 16
 // rows were, so the tail rows sit where they were. A 256-bit half of each 64 bytes is 8 rows (AVX2).
 
 /// The layout quant_linear reads Q8_0 and Q4_0 fastest with the kernel it runs now
