@@ -49,6 +49,14 @@ commands=()
 while IFS= read -r line; do commands+=("$line"); done < <(
   { extract "$src/README.md"; for doc in "$src"/docs/*.md; do extract "$doc"; done; } | awk '!seen[$0]++')
 
+# The files the commands write under /tmp (as the docs show them) are removed at the end, the ones
+# that were there before left alone: the GGUF saves alone are hundreds of MB.
+made=()
+for path in $(printf '%s\n' "${commands[@]}" | grep -o '/tmp/[A-Za-z0-9._-]*' | sort -u); do
+  [[ -e $path ]] || made+=("$path")
+done
+trap 'rm -rf "$work" "${made[@]}"' EXIT
+
 passed=0 failed=0
 failures=()
 for cmd in "${commands[@]}"; do
