@@ -156,8 +156,9 @@ TEST_CASE("kRows16 packing is a bijection on any bytes and lays blocks out as do
   using torchpatch::nn::pack_blocks;
   using torchpatch::nn::unpack_blocks;
   at::manual_seed(21);
-  for (const auto format : {QuantFormat::kQ8_0, QuantFormat::kQ4_0}) {
+  for (const auto format : {QuantFormat::kQ8_0, QuantFormat::kQ4_0, QuantFormat::kQ4_1}) {
     const int64_t bytes = torchpatch::nn::block_bytes(format);
+    const int64_t header = format == QuantFormat::kQ4_1 ? 4 : 2;  // fp16 d (and Q4_1's m) before the quants
     for (const int64_t rows : {1, 15, 16, 17, 33, 257}) {
       for (const int64_t blocks : {1, 2, 3, 24}) {
         INFO(torchpatch::nn::format_name(format) << " rows " << rows << " blocks " << blocks);
@@ -166,17 +167,19 @@ TEST_CASE("kRows16 packing is a bijection on any bytes and lays blocks out as do
         CHECK(packed.sizes() == gguf.sizes());
         CHECK(at::equal(unpack_blocks(format, packed, "w"), gguf));
         CHECK(at::equal(pack_blocks(format, unpack_blocks(format, gguf, "w"), "w"), gguf));
-        // Row 5, last block, scale and quant byte 6 where nn/quant.h puts them; the tail rows unmoved.
+        // Row 5, last block, header fields and quant byte 6 where nn/quant.h puts them; the tail rows unmoved.
         if (rows >= 16) {
-          const int64_t b = blocks - 1, pair = b / 2 * 2 * 16 * bytes, qbytes = 16 * (bytes - 2);
+          const int64_t b = blocks - 1, pair = b / 2 * 2 * 16 * bytes, head = 16 * header, qbytes = 16 * (bytes - header);
           const bool whole_pair = (b | 1) < blocks;
-          const int64_t scales = whole_pair ? pair + (b % 2) * 32 : pair;
-          const int64_t quants = whole_pair ? pair + 64 + (b % 2) * qbytes : pair + 32;
+          const int64_t scales = whole_pair ? pair + (b % 2) * head : pair;
+          const int64_t quants = whole_pair ? pair + 2 * head + (b % 2) * qbytes : pair + head;
           const auto flat = packed.reshape({-1});
           const int64_t source = 5 * blocks * bytes + b * bytes;
-          CHECK(flat[scales + 10].item<int>() == gguf.reshape({-1})[source].item<int>());
-          CHECK(flat[scales + 11].item<int>() == gguf.reshape({-1})[source + 1].item<int>());
-          const int q = gguf.reshape({-1})[source + 2 + 6].item<int>();
+          for (int64_t f = 0; f < header / 2; ++f) {  // field f of row 5 at 32 f + 2 * 5
+            CHECK(flat[scales + 32 * f + 10].item<int>() == gguf.reshape({-1})[source + 2 * f].item<int>());
+            CHECK(flat[scales + 32 * f + 11].item<int>() == gguf.reshape({-1})[source + 2 * f + 1].item<int>());
+          }
+          const int q = gguf.reshape({-1})[source + header + 6].item<int>();
           CHECK(flat[quants + 64 * 1 + 4 * 5 + 2].item<int>() == q);
           const int64_t tail = rows / 16 * 16;
           CHECK(at::equal(packed.narrow(0, tail, rows - tail), gguf.narrow(0, tail, rows - tail)));
@@ -195,4 +198,6 @@ TEST_CASE("kRows16 packing is a bijection on any bytes and lays blocks out as do
   CHECK_THROWS_WITH(pack_blocks(QuantFormat::kQ4_0, at::zeros({2, 35}, at::kByte), "w"),
                     "tensor 'w': q4_0 blocks to lay out are uint8 matrices of whole 18-byte blocks, not Byte 2x35");
   CHECK_THROWS_WITH(unpack_blocks(QuantFormat::kQ8_0, at::zeros({34}, at::kByte), "w"), Contains("not Byte 34"));
+  CHECK_THROWS_WITH(pack_blocks(QuantFormat::kQ5_0, at::zeros({16, 22}, at::kByte), "w"),
+                    "tensor 'w': only q8_0, q4_0 and q4_1 blocks are laid out as kRows16, not q5_0");
 }

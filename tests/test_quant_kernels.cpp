@@ -50,6 +50,26 @@ bool resolves_to_vector(QuantKernel kernel) {
   return torchpatch::nn::active_quant_kernel() != QuantKernel::kScalar;
 }
 
+// Random blocks of a GGUF format: random bytes with every fp16 scale set to a small finite value.
+at::Tensor random_blocks(QuantFormat format, int64_t rows, int64_t in) {
+  const int64_t bytes = torchpatch::nn::block_bytes(format), blocks = in / torchpatch::nn::block_weights(format);
+  auto t = at::randint(0, 256, {rows, blocks, bytes}, at::kByte);
+  std::vector<int64_t> scales;  // byte offsets of the fp16 fields in a block
+  switch (format) {
+    case QuantFormat::kQ4_1: case QuantFormat::kQ5_1: case QuantFormat::kQ4_K: case QuantFormat::kQ5_K: scales = {0, 2}; break;
+    case QuantFormat::kQ5_0: case QuantFormat::kQ8_0: case QuantFormat::kQ4_0: scales = {0}; break;
+    case QuantFormat::kQ2_K: scales = {80, 82}; break;
+    case QuantFormat::kQ3_K: scales = {108}; break;
+    case QuantFormat::kQ6_K: scales = {208}; break;
+    default: FAIL("not a GGUF-only format");
+  }
+  for (const int64_t at : scales) {
+    const auto values = (at::rand({rows, blocks}) * 0.01 + 0.001).to(at::kHalf).view(at::kByte);
+    t.narrow(2, at, 2).copy_(values.reshape({rows, blocks, 2}));
+  }
+  return t.reshape({rows, blocks * bytes});
+}
+
 }  // namespace
 
 TEST_CASE("quantized products equal the float product of the dequantized weights, within the activations' step",
@@ -104,11 +124,14 @@ TEST_CASE("a token's outputs from kRows16 weights do not depend on how many toke
   if (!torchpatch::nn::quant_kernel_available(kernel)) continue;
   ++kernels;
   KernelChoice choice(kernel);
-  for (const auto format : {QuantFormat::kQ8_0, QuantFormat::kQ4_0}) {
+  for (const auto format : {QuantFormat::kQ8_0, QuantFormat::kQ4_0, QuantFormat::kQ4_1}) {
     const int64_t rows = 48, in = 544;
-    const auto packed = torchpatch::nn::pack_blocks(format, torchpatch::nn::quantize(format, at::randn({rows, in}), "w"), "w");
+    // Q4_1's prompts take the float path (4 tokens and more); 1-3 tokens share the kRows16 kernel.
+    const auto blocks = format == QuantFormat::kQ4_1 ? random_blocks(format, rows, in)
+                                                     : torchpatch::nn::quantize(format, at::randn({rows, in}), "w");
+    const auto packed = torchpatch::nn::pack_blocks(format, blocks, "w");
     const auto bias = at::randn({rows});
-    const auto x = at::randn({21, in});
+    const auto x = at::randn({format == QuantFormat::kQ4_1 ? 3 : 21, in});
     const auto together = torchpatch::nn::quant_linear(format, x, packed, rows, bias, QuantLayout::kRows16);
     for (int64_t t = 0; t < x.size(0); ++t) {
       const auto alone = torchpatch::nn::quant_linear(format, x.narrow(0, t, 1), packed, rows, bias, QuantLayout::kRows16);
@@ -257,29 +280,6 @@ TEST_CASE("a quantized product reports operands that do not fit", "[quant][kerne
                     Contains("must be contiguous uint8 [4, 68]"));
 }
 
-namespace {
-
-// Random blocks of a GGUF format: random bytes with every fp16 scale set to a small finite value.
-at::Tensor random_blocks(QuantFormat format, int64_t rows, int64_t in) {
-  const int64_t bytes = torchpatch::nn::block_bytes(format), blocks = in / torchpatch::nn::block_weights(format);
-  auto t = at::randint(0, 256, {rows, blocks, bytes}, at::kByte);
-  std::vector<int64_t> scales;  // byte offsets of the fp16 fields in a block
-  switch (format) {
-    case QuantFormat::kQ4_1: case QuantFormat::kQ5_1: case QuantFormat::kQ4_K: case QuantFormat::kQ5_K: scales = {0, 2}; break;
-    case QuantFormat::kQ5_0: case QuantFormat::kQ8_0: case QuantFormat::kQ4_0: scales = {0}; break;
-    case QuantFormat::kQ2_K: scales = {80, 82}; break;
-    case QuantFormat::kQ3_K: scales = {108}; break;
-    case QuantFormat::kQ6_K: scales = {208}; break;
-    default: FAIL("not a GGUF-only format");
-  }
-  for (const int64_t at : scales) {
-    const auto values = (at::rand({rows, blocks}) * 0.01 + 0.001).to(at::kHalf).view(at::kByte);
-    t.narrow(2, at, 2).copy_(values.reshape({rows, blocks, 2}));
-  }
-  return t.reshape({rows, blocks * bytes});
-}
-
-}  // namespace
 
 TEST_CASE("products with GGUF's other block formats equal the float product of their dequantized weights, "
           "within rounding or the activations' step",
@@ -314,6 +314,13 @@ TEST_CASE("products with GGUF's other block formats equal the float product of t
             CHECK(((y.to(at::kDouble) - expected).abs() - bound).max().item<double>() <= 0);
             // The same int8 sums whatever the kernel; only the float accumulation order differs.
             CHECK(((y - scalar).abs().to(at::kDouble) - rounding).max().item<double>() <= 0);
+            if (format == QuantFormat::kQ4_1) {  // also laid out as kRows16: 17 and 70 rows are groups and a tail
+              const auto packed = torchpatch::nn::pack_blocks(format, blocks, "w");
+              const auto y16 = product(kernel, format, x, packed, rows, bias, QuantLayout::kRows16);
+              INFO("kRows16 max difference " << (y16.to(at::kDouble) - expected).abs().max().item<double>());
+              CHECK(((y16.to(at::kDouble) - expected).abs() - bound).max().item<double>() <= 0);
+              CHECK(((y16 - scalar).abs().to(at::kDouble) - rounding).max().item<double>() <= 0);
+            }
           }
         }
       }

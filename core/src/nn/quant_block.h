@@ -69,18 +69,31 @@ constexpr Layout32 layout32(QuantFormat format) {
 
 constexpr int64_t kGroupRows = 16;  ///< rows per kRows16 group
 
-/// Where block `b` of a kRows16 group (`blocks` per row, `bytes` each) lies, from the group's start:
-/// its 16 scales (32 bytes) and its quants (16 rows x 4 bytes per register).
+/// The formats laid out as kRows16 (nn/quant.h): a block's fp16 fields, then its quants in natural
+/// order (Q8_0 and Q4_0: d; Q4_1: d and m).
+constexpr bool has_rows16(QuantFormat format) {
+  return format == QuantFormat::kQ8_0 || format == QuantFormat::kQ4_0 || format == QuantFormat::kQ4_1;
+}
+
+/// Bytes of a block ahead of its quants: its fp16 fields (2 for Q8_0 and Q4_0, 4 for Q4_1).
+constexpr int64_t header_bytes(QuantFormat format) { return layout32(format).quants; }
+
+/// Where block `b` of a kRows16 group (`blocks` per row, `bytes` each, the first `header` of them fp16
+/// fields) lies, from the group's start: its header (field f of row i at scales + 32 f + 2 i) and its
+/// quants (16 rows x 4 bytes per 64-byte register).
 struct Rows16Block {
   int64_t scales;
   int64_t quants;
 };
 
-inline Rows16Block rows16_block(int64_t b, int64_t blocks, int64_t bytes) {
+inline Rows16Block rows16_block(int64_t b, int64_t blocks, int64_t bytes, int64_t header = kScaleBytes) {
   const int64_t pair = (b / 2) * 2 * kGroupRows * bytes;
-  const int64_t quant_bytes = kGroupRows * (bytes - kScaleBytes);
-  if ((b | 1) < blocks) return {pair + (b % 2) * 32, pair + 64 + (b % 2) * quant_bytes};  // a whole pair
-  return {pair, pair + 32};                                                              // an odd last block
+  const int64_t head = kGroupRows * header, quant_bytes = kGroupRows * (bytes - header);
+  if ((b | 1) < blocks) return {pair + (b % 2) * head, pair + 2 * head + (b % 2) * quant_bytes};  // a whole pair
+  return {pair, pair + head};                                                                    // an odd last block
 }
+
+/// Row `r` of a kRows16 group of `format` blocks copied out as its GGUF row (`blocks` blocks) into `row`.
+void copy_row_from_group(QuantFormat format, const uint8_t* group, int64_t r, int64_t blocks, uint8_t* row);
 
 }  // namespace torchpatch::nn::block

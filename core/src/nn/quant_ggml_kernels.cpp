@@ -20,6 +20,7 @@
 
 #include "base/parallel.h"
 #include "base/x86_intrinsics.h"
+#include "nn/quant_block.h"
 #include "nn/quant_unpack32.h"
 
 namespace torchpatch::nn::ggml {
@@ -208,6 +209,8 @@ struct Problem {
   int64_t tokens, in, out_features;
   int64_t row_bytes, blocks, weights, bytes;  // per row: bytes, blocks; per block: weights, bytes
   int64_t groups;                             // in / 16
+  QuantFormat format;
+  int64_t grouped_rows = 0;  // the first rows, in kRows16 groups (nn/quant.h); the others GGUF rows
   const uint8_t* w;
   const float* x;       // [tokens, in]
   const float* x_sums = nullptr;  // one token: the sum of x per block (32-weight formats) or group of 16
@@ -215,17 +218,26 @@ struct Problem {
   float* y;  // [tokens, out_features]
 };
 
-/// Per part of the rows: a row's bytes q [in], a and b [in / 16].
+/// Per part of the rows: a row's bytes q [in], a and b [in / 16]; a GGUF row copied out of a kRows16 group.
 struct Scratch {
-  explicit Scratch(const Problem& p) : q(p.in), a(p.groups), b(p.groups) {}
+  explicit Scratch(const Problem& p) : q(p.in), a(p.groups), b(p.groups), row(p.grouped_rows > 0 ? p.row_bytes : 0) {}
   std::vector<uint8_t> q;
   std::vector<float> a, b;
+  std::vector<uint8_t> row;
 };
+
+// Row `o`'s blocks as a GGUF row: where they lie, or copied out of their kRows16 group into `s`.
+const uint8_t* gguf_row(const Problem& p, int64_t o, Scratch& s) {
+  if (o >= p.grouped_rows) return p.w + o * p.row_bytes;
+  const int64_t first = o / block::kGroupRows * block::kGroupRows;
+  block::copy_row_from_group(p.format, p.w + first * p.row_bytes, o - first, p.blocks, s.row.data());
+  return s.row.data();
+}
 
 // Row `o` of W as float32 into `out` [in]: unpacked into `s`, then a q + b per 16 weights.
 template <QuantFormat F>
 void dequantize_row_scalar(const Problem& p, int64_t o, Scratch& s, float* __restrict out) {
-  const uint8_t* row = p.w + o * p.row_bytes;
+  const uint8_t* row = gguf_row(p, o, s);
   const int64_t per_block = p.weights / kGroup;
   for (int64_t k = 0; k < p.blocks; ++k) {
     scales<F>(row + k * p.bytes, s.a.data() + k * per_block, s.b.data() + k * per_block);
@@ -238,7 +250,7 @@ void dequantize_row_scalar(const Problem& p, int64_t o, Scratch& s, float* __res
 
 template <QuantFormat F>
 TP_AVX2 void dequantize_row_avx2(const Problem& p, int64_t o, Scratch& s, float* __restrict out) {
-  const uint8_t* row = p.w + o * p.row_bytes;
+  const uint8_t* row = gguf_row(p, o, s);
   const int64_t per_block = p.weights / kGroup;
   for (int64_t k = 0; k < p.blocks; ++k) {
     scales<F>(row + k * p.bytes, s.a.data() + k * per_block, s.b.data() + k * per_block);
@@ -526,7 +538,7 @@ constexpr int64_t kMinPartBytes = 64 * 1024;
 }  // namespace
 
 void linear(QuantFormat format, QuantKernel kernel, const float* x, int64_t tokens, int64_t in, const uint8_t* w,
-            int64_t out_features, const float* bias, float* y) {
+            int64_t out_features, const float* bias, float* y, QuantLayout layout) {
   if (tokens == 0 || out_features == 0) return;
   Problem p;
   p.tokens = tokens;
@@ -537,11 +549,14 @@ void linear(QuantFormat format, QuantKernel kernel, const float* x, int64_t toke
   p.bytes = block_bytes(format);
   p.row_bytes = p.blocks * p.bytes;
   p.groups = in / kGroup;
+  p.format = format;
+  if (layout == QuantLayout::kRows16) p.grouped_rows = out_features / block::kGroupRows * block::kGroupRows;
   p.w = w;
   p.x = x;
   p.bias = bias;
   p.y = y;
-  const Kernels k = kernels_for(format, kernel);
+  Kernels k = kernels_for(format, kernel);
+  if (p.grouped_rows > 0) k.fused = nullptr;  // reads GGUF rows in place
   if (tokens >= kMatmulTokens) {
     at::parallel_for(0, (out_features + kTileRows - 1) / kTileRows, 1,
                      [&](int64_t begin, int64_t end) { tiles(p, k, begin, end); });

@@ -475,10 +475,12 @@ TP_AVX512 inline __m512i broadcast_word(const int8_t* p) {
   return _mm512_set1_epi32(word);
 }
 
-/// Block b of a group's 16 rows times tokens [0, TT), added to acc[t].
-template <bool Q8, int TT>
+/// Block b of a group's 16 rows times tokens [0, TT), added to acc[t]; Q4_1's offsets m follow the
+/// scales (32 bytes on).
+template <QuantFormat F, int TT>
 TP_AVX512 inline void decode_block16(const uint8_t* scales, const uint8_t* quants, int64_t b, const RowTokens& x,
                                      __m512* acc) {
+  constexpr bool Q8 = F == QuantFormat::kQ8_0;
   constexpr int kRegs = Q8 ? 8 : 4;
   const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
   __m512i lo[kRegs], hi[kRegs];  // Q8_0: the weights + 128 (XOR 0x80); Q4_0: low nibbles, high nibbles times 16
@@ -506,23 +508,28 @@ TP_AVX512 inline void decode_block16(const uint8_t* scales, const uint8_t* quant
     const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(x.d[at]));
     acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), scale, acc[t]);
   }
+  if constexpr (F == QuantFormat::kQ4_1) {
+    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 32)));
+    TP_UNROLL for (int t = 0; t < TT; ++t) acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(x.x_sum[t * x.blocks + b]), acc[t]);
+  }
 }
 
 /// One group of 16 rows x tokens [0, TT): out[t * out_stride + i] for row i of the group.
-template <bool Q8, int TT>
+template <QuantFormat F, int TT>
 TP_AVX512 void decode_group_avx512(const uint8_t* group, const RowTokens& x, float* out, int64_t out_stride,
                                    const float* bias) {
-  constexpr int64_t quant_bytes = block::kGroupRows * (Q8 ? kBlock : kBlock / 2);
+  constexpr int64_t head = block::kGroupRows * block::header_bytes(F);
+  constexpr int64_t quant_bytes = block::kGroupRows * (block::layout32(F).bytes - block::header_bytes(F));
   __m512 even[TT], odd[TT];
   TP_UNROLL for (int t = 0; t < TT; ++t) even[t] = odd[t] = _mm512_setzero_ps();
   const uint8_t* p = group;
   int64_t b = 0;
-  for (; b + 2 <= x.blocks; b += 2, p += 64 + 2 * quant_bytes) {
+  for (; b + 2 <= x.blocks; b += 2, p += 2 * head + 2 * quant_bytes) {
     _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(p) + kRows16Prefetch), _MM_HINT_T0);
-    decode_block16<Q8, TT>(p, p + 64, b, x, even);
-    decode_block16<Q8, TT>(p + 32, p + 64 + quant_bytes, b + 1, x, odd);
+    decode_block16<F, TT>(p, p + 2 * head, b, x, even);
+    decode_block16<F, TT>(p + head, p + 2 * head + quant_bytes, b + 1, x, odd);
   }
-  if (b < x.blocks) decode_block16<Q8, TT>(p, p + 32, b, x, even);
+  if (b < x.blocks) decode_block16<F, TT>(p, p + head, b, x, even);
   const __m512 bv = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
   TP_UNROLL for (int t = 0; t < TT; ++t) _mm512_storeu_ps(out + t * out_stride, _mm512_add_ps(_mm512_add_ps(even[t], odd[t]), bv));
 }
@@ -530,7 +537,7 @@ TP_AVX512 void decode_group_avx512(const uint8_t* group, const RowTokens& x, flo
 /// Output rows [row_begin, row_end) (row_begin a multiple of 16 when below `grouped_rows`): the first
 /// `grouped_rows` rows are kRows16 groups, decoded 16 at a time; the rows after them (all of them for
 /// kBlocks weights, the GGUF tail rows of kRows16) go through the pair kernel.
-template <bool Q8>
+template <QuantFormat F>
 TP_AVX512 void decode_avx512(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t grouped_rows,
                              const RowTokens& x, const PairedTokens& paired, int64_t tokens, int64_t row_begin,
                              int64_t row_end, float* y, const float* bias) {
@@ -539,13 +546,12 @@ TP_AVX512 void decode_avx512(const uint8_t* w, int64_t row_bytes, int64_t rows, 
   for (; o < last; o += block::kGroupRows) {
     const float* b = bias ? bias + o : nullptr;
     switch (tokens) {
-      case 3: decode_group_avx512<Q8, 3>(w + o * row_bytes, x, y + o, rows, b); break;
-      case 2: decode_group_avx512<Q8, 2>(w + o * row_bytes, x, y + o, rows, b); break;
-      default: decode_group_avx512<Q8, 1>(w + o * row_bytes, x, y + o, rows, b); break;
+      case 3: decode_group_avx512<F, 3>(w + o * row_bytes, x, y + o, rows, b); break;
+      case 2: decode_group_avx512<F, 2>(w + o * row_bytes, x, y + o, rows, b); break;
+      default: decode_group_avx512<F, 1>(w + o * row_bytes, x, y + o, rows, b); break;
     }
   }
-  constexpr QuantFormat kFormat = Q8 ? QuantFormat::kQ8_0 : QuantFormat::kQ4_0;
-  if (o < row_end) decode_rows_avx512<kFormat>(w, row_bytes, x.blocks, paired, tokens, o, row_end, y, rows, bias);
+  if (o < row_end) decode_rows_avx512<F>(w, row_bytes, x.blocks, paired, tokens, o, row_end, y, rows, bias);
 }
 
 // ---- prefill from kRows16 weights: the decoding kernel above, kGroupTokens tokens at a time
@@ -562,18 +568,19 @@ template <bool Q8>
 TP_AVX512 void prefill_groups16_avx512(const uint8_t* w, int64_t row_bytes, const RowTokens& x, int64_t tokens,
                                        int64_t row_begin, int64_t row_end, float* y, int64_t out_features,
                                        const float* bias) {
+  constexpr QuantFormat kFormat = Q8 ? QuantFormat::kQ8_0 : QuantFormat::kQ4_0;
   rows16::for_groups_and_tokens(
       w, row_bytes, x, tokens, row_begin, row_end, y, out_features, bias, kGroupTokens, 512 * 1024,
       [&](const uint8_t* group, const RowTokens& xt, float* out, const float* b, int64_t n) {
         switch (n) {
-          case 8: decode_group_avx512<Q8, 8>(group, xt, out, out_features, b); break;
-          case 7: decode_group_avx512<Q8, 7>(group, xt, out, out_features, b); break;
-          case 6: decode_group_avx512<Q8, 6>(group, xt, out, out_features, b); break;
-          case 5: decode_group_avx512<Q8, 5>(group, xt, out, out_features, b); break;
-          case 4: decode_group_avx512<Q8, 4>(group, xt, out, out_features, b); break;
-          case 3: decode_group_avx512<Q8, 3>(group, xt, out, out_features, b); break;
-          case 2: decode_group_avx512<Q8, 2>(group, xt, out, out_features, b); break;
-          default: decode_group_avx512<Q8, 1>(group, xt, out, out_features, b); break;
+          case 8: decode_group_avx512<kFormat, 8>(group, xt, out, out_features, b); break;
+          case 7: decode_group_avx512<kFormat, 7>(group, xt, out, out_features, b); break;
+          case 6: decode_group_avx512<kFormat, 6>(group, xt, out, out_features, b); break;
+          case 5: decode_group_avx512<kFormat, 5>(group, xt, out, out_features, b); break;
+          case 4: decode_group_avx512<kFormat, 4>(group, xt, out, out_features, b); break;
+          case 3: decode_group_avx512<kFormat, 3>(group, xt, out, out_features, b); break;
+          case 2: decode_group_avx512<kFormat, 2>(group, xt, out, out_features, b); break;
+          default: decode_group_avx512<kFormat, 1>(group, xt, out, out_features, b); break;
         }
       });
 }
@@ -871,12 +878,14 @@ at::Tensor linear_avx512(QuantFormat format, QuantLayout layout, const float* sr
       }
     }
   });
+  const block::Layout32 block_layout = block::layout32(format);
   std::vector<int32_t> offsets(grouped_rows > 0 ? tokens * blocks : 0);
-  for (std::size_t i = 0; i < offsets.size(); ++i) offsets[i] = -(q8 ? 128 : 8) * sums[i];
-  const RowTokens x{blocks, q.data(), d.data(), offsets.data()};
+  std::vector<float> x_sums(grouped_rows > 0 && block_layout.stored_b ? tokens * blocks : 0);
+  for (std::size_t i = 0; i < offsets.size(); ++i) offsets[i] = -block_layout.offset * sums[i];
+  for (std::size_t i = 0; i < x_sums.size(); ++i) x_sums[i] = d[i] * static_cast<float>(sums[i]);
+  const RowTokens x{blocks, q.data(), d.data(), offsets.data(), x_sums.data()};
 
   if (!prefill) {
-    const block::Layout32 block_layout = block::layout32(format);
     const int64_t pairs = other_rows ? (blocks + 1) / 2 : 0;
     std::vector<int8_t> xq(tokens * pairs * kPairBytes);
     std::vector<float> dx(tokens * pairs * 16), pair_sums(block_layout.stored_b ? tokens * pairs * 16 : 0);
@@ -890,13 +899,16 @@ at::Tensor linear_avx512(QuantFormat format, QuantLayout layout, const float* sr
     for_rows([&](int64_t row_begin, int64_t row_end) {
       switch (format) {
         case QuantFormat::kQ8_0:
-          decode_avx512<true>(w, row_bytes, out_features, grouped_rows, x, paired, tokens, row_begin, row_end, y, bias);
+          decode_avx512<QuantFormat::kQ8_0>(w, row_bytes, out_features, grouped_rows, x, paired, tokens, row_begin,
+                                            row_end, y, bias);
           break;
         case QuantFormat::kQ4_0:
-          decode_avx512<false>(w, row_bytes, out_features, grouped_rows, x, paired, tokens, row_begin, row_end, y, bias);
+          decode_avx512<QuantFormat::kQ4_0>(w, row_bytes, out_features, grouped_rows, x, paired, tokens, row_begin,
+                                            row_end, y, bias);
           break;
         case QuantFormat::kQ4_1:
-          decode_rows_avx512<QuantFormat::kQ4_1>(w, row_bytes, blocks, paired, tokens, row_begin, row_end, y, out_features, bias);
+          decode_avx512<QuantFormat::kQ4_1>(w, row_bytes, out_features, grouped_rows, x, paired, tokens, row_begin,
+                                            row_end, y, bias);
           break;
         case QuantFormat::kQ5_0:
           decode_rows_avx512<QuantFormat::kQ5_0>(w, row_bytes, blocks, paired, tokens, row_begin, row_end, y, out_features, bias);
@@ -941,12 +953,15 @@ at::Tensor linear_avx2(QuantFormat format, QuantLayout layout, const float* src,
   });
   constexpr int64_t kRows = block::kGroupRows;
   const int64_t grouped_rows = layout == QuantLayout::kRows16 ? out_features / kRows * kRows : 0;
-  // The kRows16 kernel multiplies Q4_0's nibbles unsigned (offset 8), Q8_0's weights signed.
+  // The kRows16 kernel multiplies Q4_0's nibbles unsigned (offset 8), Q8_0's weights signed, and
+  // adds Q4_1's stored offset times d_x sum(x_q).
   std::vector<int32_t> init(grouped_rows > 0 ? tokens * blocks : 0);
+  std::vector<float> x_sums(grouped_rows > 0 && format == QuantFormat::kQ4_1 ? tokens * blocks : 0);
   if (format == QuantFormat::kQ4_0) {
     for (std::size_t i = 0; i < init.size(); ++i) init[i] = -8 * sums[i];
   }
-  const RowTokens grouped{blocks, q.data(), d.data(), init.data()};
+  for (std::size_t i = 0; i < x_sums.size(); ++i) x_sums[i] = d[i] * static_cast<float>(sums[i]);
+  const RowTokens grouped{blocks, q.data(), d.data(), init.data(), x_sums.data()};
   std::vector<QuantizedRow> rows(tokens);
   for (int64_t t = 0; t < tokens; ++t) rows[t] = {q.data() + t * in, d.data() + t * blocks, sums.data() + t * blocks};
   const TilesFn tiles = tiles_avx2_for(format);
@@ -957,7 +972,7 @@ at::Tensor linear_avx2(QuantFormat format, QuantLayout layout, const float* src,
     const int64_t row_begin = begin * kRows, row_end = std::min(out_features, end * kRows);
     const int64_t split = std::clamp(grouped_rows, row_begin, row_end);
     if (split > row_begin) {
-      rows16::product_avx2(format == QuantFormat::kQ8_0, w, row_bytes, grouped, tokens, row_begin, split, y,
+      rows16::product_avx2(format, w, row_bytes, grouped, tokens, row_begin, split, y,
                            out_features, bias);
     }
     if (row_end > split) tiles(w, row_bytes, rows, blocks, split, row_end, y, out_features, bias);
@@ -1047,14 +1062,14 @@ at::Tensor quant_linear(QuantFormat format, const at::Tensor& x, const at::Tenso
   const at::Tensor bias_values = bias.defined() ? bias.contiguous() : at::Tensor();
   const float* b = bias_values.defined() ? bias_values.data_ptr<float>() : nullptr;
   const QuantKernel kernel = resolve(chosen_kernel.load());
+  if (layout == QuantLayout::kRows16 && !block::has_rows16(format)) {
+    throw InputError(fmt::format("{} linear reads GGUF's blocks (QuantLayout::kBlocks) only", format_name(format)));
+  }
   if (!quantizes_to(format)) {
-    if (layout != QuantLayout::kBlocks) {
-      throw InputError(fmt::format("{} linear reads GGUF's blocks (QuantLayout::kBlocks) only", format_name(format)));
-    }
     // Decoding's few tokens with the 32-weight formats quantize their activations like the rest of
     // this file (as llama.cpp does); prompts, and the K-quants, multiply float activations.
     if (!block::is_block32(format) || tokens >= kTileTokens) {
-      ggml::linear(format, kernel, src, tokens, in, w, out_features, b, out.data_ptr<float>());
+      ggml::linear(format, kernel, src, tokens, in, w, out_features, b, out.data_ptr<float>(), layout);
       return out;
     }
   }

@@ -20,30 +20,27 @@ namespace block {
 
 namespace {
 
-/// One group of 16 rows between GGUF rows (`rows`) and kRows16 (`group`): into `group` when packing,
-/// out of it otherwise. Both hold the same 16 * blocks * bytes bytes.
-void convert_group(bool q8, bool pack, const uint8_t* from, int64_t blocks, uint8_t* to) {
-  const int64_t bytes = q8 ? kQ8_0Bytes : kQ4_0Bytes, row_bytes = blocks * bytes;
+/// visit(offset in the GGUF row, offset in the group, bytes) for every piece of row `r` of a kRows16 group.
+template <class Visit>
+void for_row_pieces(QuantFormat format, int64_t r, int64_t blocks, const Visit& visit) {
+  const int64_t bytes = block_bytes(format), header = header_bytes(format);
   for (int64_t b = 0; b < blocks; ++b) {
-    const Rows16Block at = rows16_block(b, blocks, bytes);
-    for (int64_t r = 0; r < kGroupRows; ++r) {
-      const int64_t row_at = r * row_bytes + b * bytes;     // the block in GGUF rows
-      const int64_t scale_at = at.scales + 2 * r;           // its scale in the group
-      std::memcpy(to + (pack ? scale_at : row_at), from + (pack ? row_at : scale_at), kScaleBytes);
-      for (int64_t k = 0; k < (bytes - kScaleBytes) / 4; ++k) {
-        const int64_t word_in_row = row_at + kScaleBytes + 4 * k, word_in_group = at.quants + 64 * k + 4 * r;
-        uint32_t word = 0;
-        std::memcpy(&word, from + (pack ? word_in_row : word_in_group), 4);
-        std::memcpy(to + (pack ? word_in_group : word_in_row), &word, 4);
-      }
-    }
+    const Rows16Block at = rows16_block(b, blocks, bytes, header);
+    for (int64_t f = 0; f < header / 2; ++f) visit(b * bytes + 2 * f, at.scales + 32 * f + 2 * r, 2);  // fp16 fields
+    for (int64_t k = 0; k < (bytes - header) / 4; ++k) visit(b * bytes + header + 4 * k, at.quants + 64 * k + 4 * r, 4);
   }
+}
+
+void copy_row_to_group(QuantFormat format, const uint8_t* row, int64_t r, int64_t blocks, uint8_t* group) {
+  for_row_pieces(format, r, blocks, [&](int64_t in_row, int64_t in_group, int64_t n) {
+    std::memcpy(group + in_group, row + in_row, n);
+  });
 }
 
 // uint8 [..., rows, whole blocks], contiguous, or an error naming `name`.
 void check_blocks(QuantFormat format, const at::Tensor& t, const std::string& name) {
-  if (!quantizes_to(format)) {
-    throw InputError(fmt::format("tensor '{}': only q8_0 and q4_0 blocks are laid out as kRows16, not {}", name,
+  if (!has_rows16(format)) {
+    throw InputError(fmt::format("tensor '{}': only q8_0, q4_0 and q4_1 blocks are laid out as kRows16, not {}", name,
                                  format_name(format)));
   }
   if (t.scalar_type() != at::kByte || t.dim() < 2 || t.size(-1) % block_bytes(format) != 0) {
@@ -70,7 +67,13 @@ at::Tensor convert(QuantFormat format, bool pack, const at::Tensor& from, const 
       const int64_t matrix = (i / groups) * rows * row_bytes, row = (i % groups) * kGroupRows;
       const int64_t n = std::min(kGroupRows, rows - row), offset = matrix + row * row_bytes;
       if (n == kGroupRows) {
-        convert_group(format == QuantFormat::kQ8_0, pack, in + offset, blocks, out + offset);
+        for (int64_t r = 0; r < kGroupRows; ++r) {
+          if (pack) {
+            copy_row_to_group(format, in + offset + r * row_bytes, r, blocks, out + offset);
+          } else {
+            copy_row_from_group(format, in + offset, r, blocks, out + offset + r * row_bytes);
+          }
+        }
       } else {
         std::memcpy(out + offset, in + offset, n * row_bytes);
       }
@@ -81,6 +84,11 @@ at::Tensor convert(QuantFormat format, bool pack, const at::Tensor& from, const 
 
 }  // namespace
 
+void copy_row_from_group(QuantFormat format, const uint8_t* group, int64_t r, int64_t blocks, uint8_t* row) {
+  for_row_pieces(format, r, blocks, [&](int64_t in_row, int64_t in_group, int64_t n) {
+    std::memcpy(row + in_row, group + in_group, n);
+  });
+}
 
 }  // namespace block
 
@@ -99,7 +107,7 @@ QuantLayout preferred_quant_layout() {
 }
 
 QuantLayout preferred_quant_layout(QuantFormat format) {
-  return quantizes_to(format) ? preferred_quant_layout() : QuantLayout::kBlocks;
+  return block::has_rows16(format) ? preferred_quant_layout() : QuantLayout::kBlocks;
 }
 
 at::Tensor pack_blocks(QuantFormat format, const at::Tensor& blocks, const std::string& name) {

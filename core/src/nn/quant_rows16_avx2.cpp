@@ -1,4 +1,4 @@
-// kRows16 weights (nn/quant.h) multiplied with AVX2: decoding and prefill, Q8_0 and Q4_0.
+// kRows16 weights (nn/quant.h) multiplied with AVX2: decoding and prefill, Q8_0, Q4_0 and Q4_1.
 //
 // A kRows16 register k of a block holds, in 32-bit lane i, bytes 4k..4k+3 of row i's quants; its two
 // 256-bit halves are rows 0-7 and 8-15 of the group. So with AVX2 as with AVX-512 each lane is one
@@ -8,6 +8,8 @@
 // row). AVX2 has no dpbusd: maddubs multiplies unsigned by signed bytes into int16 pairs, saturating.
 //   Q4_0  nibbles 0..15 times |x| <= 127: a pair is at most 3810, so all 8 multiplies of a block add
 //         up in int16 (30480) before one madd widens them; the offset 8 enters as -8 sum(x_q).
+//   Q4_1  the same nibbles; its stored offset m enters per block as m d_x sum(x_q), one multiply-add
+//         by the 8 rows' m.
 //   Q8_0  w + 128 would saturate; the signed weight's magnitude times x carrying its sign (the sign
 //         trick) is w x exactly, widened every multiply. The weights are kept signed for this: an
 //         XOR per load cost decoding 5-10 %.
@@ -60,12 +62,13 @@ TP_AVX2 inline float max_lanes(__m256 v) {
   return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
 }
 
-/// Block b of H halves of a group (half h's 8 scales at scales + 16 h, its register k at quants + 64 k
-/// + 32 h) times tokens [0, TT), added to acc[h][t]. Each activation word is broadcast once for the H
-/// halves.
-template <bool Q8, int TT, int H>
+/// Block b of H halves of a group (half h's 8 scales at scales + 16 h, Q4_1's 8 offsets 32 bytes
+/// further, its register k at quants + 64 k + 32 h) times tokens [0, TT), added to acc[h][t]. Each
+/// activation word is broadcast once for the H halves.
+template <QuantFormat F, int TT, int H>
 TP_AVX2 inline void block_halves(const uint8_t* scales, const uint8_t* quants, int64_t b, const RowTokens& x,
                                  __m256 (*acc)[TT]) {
+  constexpr bool Q8 = F == QuantFormat::kQ8_0;
   const __m256i ones = _mm256_set1_epi16(1);
   const int8_t* xq[TT];
   TP_UNROLL for (int t = 0; t < TT; ++t) xq[t] = x.q + (t * x.blocks + b) * kBlock;
@@ -118,23 +121,27 @@ TP_AVX2 inline void block_halves(const uint8_t* scales, const uint8_t* quants, i
       const __m256i total = _mm256_add_epi32(sums[h][t], _mm256_set1_epi32(x.init[at]));
       acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(dw, _mm256_set1_ps(x.d[at])), acc[h][t]);
     }
+    if constexpr (F == QuantFormat::kQ4_1) {
+      const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 32 + 16 * h)));
+      TP_UNROLL for (int t = 0; t < TT; ++t) acc[h][t] = _mm256_fmadd_ps(m, _mm256_set1_ps(x.x_sum[t * x.blocks + b]), acc[h][t]);
+    }
   }
 }
 
 /// Rows 8 h0 .. 8 (h0 + H) - 1 of one group x tokens [0, TT): out[t * out_stride + i] for row i of
 /// the group. H = 2 consumes each 64 bytes of the stream at once (decoding, where memory sets the
 /// pace); H = 1 keeps more tokens' sums in the 16 registers (prefill, the group in L1).
-template <bool Q8, int TT, int H>
+template <QuantFormat F, int TT, int H>
 TP_AVX2 void group_pass(const uint8_t* group, int h0, const RowTokens& x, float* out, int64_t out_stride,
                         const float* bias) {
-  constexpr int64_t bytes = Q8 ? block::kQ8_0Bytes : block::kQ4_0Bytes;
+  constexpr int64_t bytes = block::layout32(F).bytes, header = block::header_bytes(F);
   __m256 acc[H][TT];
   TP_UNROLL for (int h = 0; h < H; ++h) {
     TP_UNROLL for (int t = 0; t < TT; ++t) acc[h][t] = _mm256_setzero_ps();
   }
   for (int64_t b = 0; b < x.blocks; ++b) {
-    const block::Rows16Block at = block::rows16_block(b, x.blocks, bytes);
-    block_halves<Q8, TT, H>(group + at.scales + 16 * h0, group + at.quants + 32 * h0, b, x, acc);
+    const block::Rows16Block at = block::rows16_block(b, x.blocks, bytes, header);
+    block_halves<F, TT, H>(group + at.scales + 16 * h0, group + at.quants + 32 * h0, b, x, acc);
   }
   TP_UNROLL for (int h = 0; h < H; ++h) {
     const int64_t row = 8 * (h0 + h);
@@ -143,26 +150,26 @@ TP_AVX2 void group_pass(const uint8_t* group, int h0, const RowTokens& x, float*
   }
 }
 
-template <bool Q8, int TT>
+template <QuantFormat F, int TT>
 TP_AVX2 void group_tokens(const uint8_t* group, const RowTokens& x, float* out, int64_t out_stride, const float* bias) {
   if constexpr (TT <= 2) {
-    group_pass<Q8, TT, 2>(group, 0, x, out, out_stride, bias);
+    group_pass<F, TT, 2>(group, 0, x, out, out_stride, bias);
   } else {
-    group_pass<Q8, TT, 1>(group, 0, x, out, out_stride, bias);
-    group_pass<Q8, TT, 1>(group, 1, x, out, out_stride, bias);
+    group_pass<F, TT, 1>(group, 0, x, out, out_stride, bias);
+    group_pass<F, TT, 1>(group, 1, x, out, out_stride, bias);
   }
 }
 
-template <bool Q8>
+template <QuantFormat F>
 void product(const uint8_t* w, int64_t row_bytes, const RowTokens& x, int64_t tokens, int64_t row_begin,
              int64_t row_end, float* y, int64_t out_features, const float* bias) {
   for_groups_and_tokens(w, row_bytes, x, tokens, row_begin, row_end, y, out_features, bias, kTokens, 256 * 1024,
                         [&](const uint8_t* group, const RowTokens& xt, float* out, const float* b, int64_t n) {
                           switch (n) {
-                            case 4: group_tokens<Q8, 4>(group, xt, out, out_features, b); break;
-                            case 3: group_tokens<Q8, 3>(group, xt, out, out_features, b); break;
-                            case 2: group_tokens<Q8, 2>(group, xt, out, out_features, b); break;
-                            default: group_tokens<Q8, 1>(group, xt, out, out_features, b); break;
+                            case 4: group_tokens<F, 4>(group, xt, out, out_features, b); break;
+                            case 3: group_tokens<F, 3>(group, xt, out, out_features, b); break;
+                            case 2: group_tokens<F, 2>(group, xt, out, out_features, b); break;
+                            default: group_tokens<F, 1>(group, xt, out, out_features, b); break;
                           }
                         });
 }
@@ -193,12 +200,13 @@ TP_AVX2 void quantize_activations_avx2(const float* x, int64_t k, int8_t* q, flo
   }
 }
 
-void product_avx2(bool q8, const uint8_t* w, int64_t row_bytes, const RowTokens& x, int64_t tokens, int64_t row_begin,
-                  int64_t row_end, float* y, int64_t out_features, const float* bias) {
-  if (q8) {
-    product<true>(w, row_bytes, x, tokens, row_begin, row_end, y, out_features, bias);
-  } else {
-    product<false>(w, row_bytes, x, tokens, row_begin, row_end, y, out_features, bias);
+void product_avx2(QuantFormat format, const uint8_t* w, int64_t row_bytes, const RowTokens& x, int64_t tokens,
+                  int64_t row_begin, int64_t row_end, float* y, int64_t out_features, const float* bias) {
+  switch (format) {
+    case QuantFormat::kQ8_0: product<QuantFormat::kQ8_0>(w, row_bytes, x, tokens, row_begin, row_end, y, out_features, bias); break;
+    case QuantFormat::kQ4_0: product<QuantFormat::kQ4_0>(w, row_bytes, x, tokens, row_begin, row_end, y, out_features, bias); break;
+    case QuantFormat::kQ4_1: product<QuantFormat::kQ4_1>(w, row_bytes, x, tokens, row_begin, row_end, y, out_features, bias); break;
+    default: break;  // no kRows16 layout
   }
 }
 
