@@ -271,9 +271,7 @@ class QuantizedExperts : public torchpatch::roles::Experts {
         [&](int64_t e, const at::Tensor& x) {
           return torchpatch::nn::quant_linear(F, x, gate_up_proj[e], 2 * intermediate_, {}, layout_);
         },
-        [&](int64_t e, const at::Tensor& x) { return torchpatch::nn::quant_linear(F, x, down_proj[e], hidden_, {}, layout_); },
-        {},
-        /*side_by_side=*/false};
+        [&](int64_t e, const at::Tensor& x) { return torchpatch::nn::quant_linear(F, x, down_proj[e], hidden_, {}, layout_); }};
     return in_float(hidden, [&](const at::Tensor& h32) {
       return torchpatch::nn::grouped_experts(h32, indices, weights.to(at::kFloat), num_experts_, act_, projections);
     });
@@ -338,8 +336,7 @@ class QuantizedClampedSwigluExperts : public torchpatch::roles::Experts {
           return torchpatch::nn::quant_linear(F, x, down_proj[e], options_.hidden_size, down_proj_bias[e].to(at::kFloat),
                                               layout_);
         },
-        [&](const at::Tensor& gate_up) { return torchpatch::nn::clamped_swiglu(gate_up, options_.limit, options_.alpha); },
-        /*side_by_side=*/false};
+        [&](const at::Tensor& gate_up) { return torchpatch::nn::clamped_swiglu(gate_up, options_.limit, options_.alpha); }};
     return in_float(hidden, [&](const at::Tensor& h32) {
       return torchpatch::nn::grouped_experts(h32, indices, weights.to(at::kFloat), options_.num_experts,
                                              torchpatch::nn::Activation::kSilu, projections);

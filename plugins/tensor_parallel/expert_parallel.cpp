@@ -134,7 +134,9 @@ class ExpertParallelExperts : public torchpatch::nn::FusedExperts {
   at::Tensor forward_impl(const at::Tensor& hidden, const at::Tensor& indices, const at::Tensor& weights) override {
     const torchpatch::nn::ExpertProjections projections{
         [&](int64_t e, const at::Tensor& x) { return torchpatch::nn::linear(x, gate_up_proj[e]); },
-        [&](int64_t e, const at::Tensor& x) { return torchpatch::nn::linear(x, down_proj[e]); }};
+        [&](int64_t e, const at::Tensor& x) { return torchpatch::nn::linear(x, down_proj[e]); },
+        {},
+        /*side_by_side=*/true};
     auto out = torchpatch::nn::grouped_experts(hidden, indices, weights, share_.total, {share_.first, share_.count},
                                                act, projections);
     if (at::GradMode::is_enabled() && !out.requires_grad() && (hidden.requires_grad() || weights.requires_grad())) {

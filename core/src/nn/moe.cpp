@@ -121,7 +121,9 @@ at::Tensor FusedExperts::forward_eager(const at::Tensor& hidden, const at::Tenso
 at::Tensor FusedExperts::forward_grouped(const at::Tensor& hidden, const at::Tensor& indices,
                                          const at::Tensor& weights) {
   const ExpertProjections projections{[&](int64_t e, const at::Tensor& x) { return nn::linear(x, gate_up_proj[e]); },
-                                      [&](int64_t e, const at::Tensor& x) { return nn::linear(x, down_proj[e]); }};
+                                      [&](int64_t e, const at::Tensor& x) { return nn::linear(x, down_proj[e]); },
+                                      {},
+                                      /*side_by_side=*/true};
   return grouped_experts(hidden, indices, weights, num_experts, act, projections);
 }
 
@@ -258,7 +260,8 @@ at::Tensor ClampedSwigluExperts::forward_impl(const at::Tensor& hidden, const at
   const ExpertProjections projections{
       [&](int64_t e, const at::Tensor& x) { return at::addmm(gate_up_proj_bias[e], x, gate_up_proj[e]); },
       [&](int64_t e, const at::Tensor& x) { return at::addmm(down_proj_bias[e], x, down_proj[e]); },
-      [&](const at::Tensor& gate_up) { return clamped_swiglu(gate_up, options.limit, options.alpha); }};
+      [&](const at::Tensor& gate_up) { return clamped_swiglu(gate_up, options.limit, options.alpha); },
+      /*side_by_side=*/true};
   return grouped_experts(hidden, indices, weights, options.num_experts, Activation::kSilu, projections);
 }
 

@@ -114,9 +114,10 @@ struct TORCHPATCH_API ExpertProjections {
   /// gate_up's output [n, 2*Im] -> down's input [n, Im]; when empty, act(first half) * second half.
   std::function<at::Tensor(const at::Tensor& gate_up)> glu = {};
   /// Whether a prompt's experts may run side by side on LibTorch's (OpenMP) threads, each product on
-  /// one of them: yes for the BLAS's float products; no for the quantized kernels, which split each
+  /// one of them, so gate_up, down and glu are called from several threads at once. Worth it for the
+  /// BLAS's float products (core's experts opt in); not for the quantized kernels, which split each
   /// product over torchpatch's own thread team (tried side by side there: prefill 1.5-2x slower).
-  bool side_by_side = true;
+  bool side_by_side = false;
 };
 
 /// The grouped experts loop: token-expert pairs sorted by expert once, each chosen expert's gated MLP
