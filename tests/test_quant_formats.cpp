@@ -6,6 +6,8 @@
 
 #include <cstdio>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join
@@ -156,9 +158,16 @@ TEST_CASE("kRows16 packing is a bijection on any bytes and lays blocks out as do
   using torchpatch::nn::pack_blocks;
   using torchpatch::nn::unpack_blocks;
   at::manual_seed(21);
-  for (const auto format : {QuantFormat::kQ8_0, QuantFormat::kQ4_0, QuantFormat::kQ4_1}) {
+  // Each format's header fields ahead of the quants: {byte in the block, bytes}.
+  const std::vector<std::pair<QuantFormat, std::vector<std::pair<int64_t, int64_t>>>> formats = {
+      {QuantFormat::kQ8_0, {{0, 2}}},
+      {QuantFormat::kQ4_0, {{0, 2}}},
+      {QuantFormat::kQ4_1, {{0, 2}, {2, 2}}},
+      {QuantFormat::kQ5_0, {{0, 2}, {2, 4}}},
+      {QuantFormat::kQ5_1, {{0, 2}, {2, 2}, {4, 4}}}};
+  for (const auto& [format, fields] : formats) {
     const int64_t bytes = torchpatch::nn::block_bytes(format);
-    const int64_t header = format == QuantFormat::kQ4_1 ? 4 : 2;  // fp16 d (and Q4_1's m) before the quants
+    const int64_t header = fields.back().first + fields.back().second;
     for (const int64_t rows : {1, 15, 16, 17, 33, 257}) {
       for (const int64_t blocks : {1, 2, 3, 24}) {
         INFO(torchpatch::nn::format_name(format) << " rows " << rows << " blocks " << blocks);
@@ -175,9 +184,10 @@ TEST_CASE("kRows16 packing is a bijection on any bytes and lays blocks out as do
           const int64_t quants = whole_pair ? pair + 2 * head + (b % 2) * qbytes : pair + head;
           const auto flat = packed.reshape({-1});
           const int64_t source = 5 * blocks * bytes + b * bytes;
-          for (int64_t f = 0; f < header / 2; ++f) {  // field f of row 5 at 32 f + 2 * 5
-            CHECK(flat[scales + 32 * f + 10].item<int>() == gguf.reshape({-1})[source + 2 * f].item<int>());
-            CHECK(flat[scales + 32 * f + 11].item<int>() == gguf.reshape({-1})[source + 2 * f + 1].item<int>());
+          for (const auto& [at, n] : fields) {  // row 5's value of the field at 16 at + 5 n
+            for (int64_t i = 0; i < n; ++i) {
+              CHECK(flat[scales + 16 * at + 5 * n + i].item<int>() == gguf.reshape({-1})[source + at + i].item<int>());
+            }
           }
           const int q = gguf.reshape({-1})[source + header + 6].item<int>();
           CHECK(flat[quants + 64 * 1 + 4 * 5 + 2].item<int>() == q);
@@ -198,6 +208,6 @@ TEST_CASE("kRows16 packing is a bijection on any bytes and lays blocks out as do
   CHECK_THROWS_WITH(pack_blocks(QuantFormat::kQ4_0, at::zeros({2, 35}, at::kByte), "w"),
                     "tensor 'w': q4_0 blocks to lay out are uint8 matrices of whole 18-byte blocks, not Byte 2x35");
   CHECK_THROWS_WITH(unpack_blocks(QuantFormat::kQ8_0, at::zeros({34}, at::kByte), "w"), Contains("not Byte 34"));
-  CHECK_THROWS_WITH(pack_blocks(QuantFormat::kQ5_0, at::zeros({16, 22}, at::kByte), "w"),
-                    "tensor 'w': only q8_0, q4_0 and q4_1 blocks are laid out as kRows16, not q5_0");
+  CHECK_THROWS_WITH(pack_blocks(QuantFormat::kQ4_K, at::zeros({16, 144}, at::kByte), "w"),
+                    "tensor 'w': only blocks of 32 weights (q8_0, q4_0, q4_1, q5_0, q5_1) are laid out as kRows16, not q4_k");
 }

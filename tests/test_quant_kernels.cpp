@@ -124,14 +124,16 @@ TEST_CASE("a token's outputs from kRows16 weights do not depend on how many toke
   if (!torchpatch::nn::quant_kernel_available(kernel)) continue;
   ++kernels;
   KernelChoice choice(kernel);
-  for (const auto format : {QuantFormat::kQ8_0, QuantFormat::kQ4_0, QuantFormat::kQ4_1}) {
+  for (const auto format : {QuantFormat::kQ8_0, QuantFormat::kQ4_0, QuantFormat::kQ4_1, QuantFormat::kQ5_0,
+                            QuantFormat::kQ5_1}) {
     const int64_t rows = 48, in = 544;
-    // Q4_1's prompts take the float path (4 tokens and more); 1-3 tokens share the kRows16 kernel.
-    const auto blocks = format == QuantFormat::kQ4_1 ? random_blocks(format, rows, in)
-                                                     : torchpatch::nn::quantize(format, at::randn({rows, in}), "w");
+    // The formats only read from GGUF files take the float path for 4 tokens and more; 1-3 tokens
+    // share the kRows16 kernel.
+    const bool written = torchpatch::nn::quantizes_to(format);
+    const auto blocks = written ? torchpatch::nn::quantize(format, at::randn({rows, in}), "w") : random_blocks(format, rows, in);
     const auto packed = torchpatch::nn::pack_blocks(format, blocks, "w");
     const auto bias = at::randn({rows});
-    const auto x = at::randn({format == QuantFormat::kQ4_1 ? 3 : 21, in});
+    const auto x = at::randn({written ? 21 : 3, in});
     const auto together = torchpatch::nn::quant_linear(format, x, packed, rows, bias, QuantLayout::kRows16);
     for (int64_t t = 0; t < x.size(0); ++t) {
       const auto alone = torchpatch::nn::quant_linear(format, x.narrow(0, t, 1), packed, rows, bias, QuantLayout::kRows16);
@@ -314,7 +316,7 @@ TEST_CASE("products with GGUF's other block formats equal the float product of t
             CHECK(((y.to(at::kDouble) - expected).abs() - bound).max().item<double>() <= 0);
             // The same int8 sums whatever the kernel; only the float accumulation order differs.
             CHECK(((y - scalar).abs().to(at::kDouble) - rounding).max().item<double>() <= 0);
-            if (format == QuantFormat::kQ4_1) {  // also laid out as kRows16: 17 and 70 rows are groups and a tail
+            if (weights == 32) {  // also laid out as kRows16: 17 and 70 rows are groups and a tail
               const auto packed = torchpatch::nn::pack_blocks(format, blocks, "w");
               const auto y16 = product(kernel, format, x, packed, rows, bias, QuantLayout::kRows16);
               INFO("kRows16 max difference " << (y16.to(at::kDouble) - expected).abs().max().item<double>());

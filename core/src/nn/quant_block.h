@@ -69,18 +69,16 @@ constexpr Layout32 layout32(QuantFormat format) {
 
 constexpr int64_t kGroupRows = 16;  ///< rows per kRows16 group
 
-/// The formats laid out as kRows16 (nn/quant.h): a block's fp16 fields, then its quants in natural
-/// order (Q8_0 and Q4_0: d; Q4_1: d and m).
-constexpr bool has_rows16(QuantFormat format) {
-  return format == QuantFormat::kQ8_0 || format == QuantFormat::kQ4_0 || format == QuantFormat::kQ4_1;
-}
+/// The formats laid out as kRows16 (nn/quant.h): every format of 32 weights a block.
+constexpr bool has_rows16(QuantFormat format) { return is_block32(format); }
 
-/// Bytes of a block ahead of its quants: its fp16 fields (2 for Q8_0 and Q4_0, 4 for Q4_1).
+/// Bytes of a block ahead of its quants, its header: fp16 d (and Q4_1's and Q5_1's m), then Q5_0's
+/// and Q5_1's 32 fifth bits.
 constexpr int64_t header_bytes(QuantFormat format) { return layout32(format).quants; }
 
-/// Where block `b` of a kRows16 group (`blocks` per row, `bytes` each, the first `header` of them fp16
-/// fields) lies, from the group's start: its header (field f of row i at scales + 32 f + 2 i) and its
-/// quants (16 rows x 4 bytes per 64-byte register).
+/// Where block `b` of a kRows16 group (`blocks` per row, `bytes` each, the first `header` of them its
+/// header) lies, from the group's start: its header (a field at byte s of a block, n bytes long, holds
+/// row i's value at scales + 16 s + n i) and its quants (16 rows x 4 bytes per 64-byte register).
 struct Rows16Block {
   int64_t scales;
   int64_t quants;

@@ -23,8 +23,8 @@ namespace torchpatch::nn::ggml {
 QuantKernel resolved_quant_kernel();
 
 /// y[t * out_features + o] = x[t] . W[o] + bias[o] for `tokens` rows of x [in] and W's GGUF rows of
-/// `format` blocks laid out as `layout` (kRows16: Q4_1's rows are copied out of their groups one at
-/// a time), with `kernel` (resolved: kScalar, kAvx2 or kAvx512). Output rows are split across the
+/// `format` blocks laid out as `layout` (kRows16: a row is copied out of its group when its turn
+/// comes), with `kernel` (resolved: kScalar, kAvx2 or kAvx512). Output rows are split across the
 /// threads; a result does not depend on how many there are.
 void linear(QuantFormat format, QuantKernel kernel, const float* x, int64_t tokens, int64_t in, const uint8_t* w,
             int64_t out_features, const float* bias, float* y, QuantLayout layout = QuantLayout::kBlocks);

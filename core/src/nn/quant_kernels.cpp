@@ -475,19 +475,42 @@ TP_AVX512 inline __m512i broadcast_word(const int8_t* p) {
   return _mm512_set1_epi32(word);
 }
 
-/// Block b of a group's 16 rows times tokens [0, TT), added to acc[t]; Q4_1's offsets m follow the
-/// scales (32 bytes on).
+/// Which bytes of `qh` (16 rows' 32 fifth bits, one row a lane) have the fifth bit of weight 4 n + j
+/// set, j = 0..3 the byte of a lane: byte n / 2 of each lane spread over its 4 bytes, one bit of
+/// nibble n % 2 tested per byte.
+TP_AVX512 inline __mmask64 fifth_bits(__m512i qh, int n) {
+  const char s = static_cast<char>(n / 2);
+  const __m512i spread = _mm512_shuffle_epi8(qh, _mm512_broadcast_i32x4(_mm_setr_epi8(
+                                                     s, s, s, s, 4 + s, 4 + s, 4 + s, 4 + s, 8 + s, 8 + s, 8 + s, 8 + s,
+                                                     12 + s, 12 + s, 12 + s, 12 + s)));
+  return _mm512_test_epi8_mask(spread, _mm512_set1_epi32(n % 2 ? static_cast<int>(0x80402010) : 0x08040201));
+}
+
+/// Block b of a group's 16 rows times tokens [0, TT), added to acc[t]. `header` is the block's: the
+/// 16 d, Q4_1's and Q5_1's m 32 bytes on, Q5's fifth bits at 16 fifth (nn/quant_block.h).
 template <QuantFormat F, int TT>
-TP_AVX512 inline void decode_block16(const uint8_t* scales, const uint8_t* quants, int64_t b, const RowTokens& x,
+TP_AVX512 inline void decode_block16(const uint8_t* header, const uint8_t* quants, int64_t b, const RowTokens& x,
                                      __m512* acc) {
-  constexpr bool Q8 = F == QuantFormat::kQ8_0;
+  constexpr block::Layout32 kLayout = block::layout32(F);
+  constexpr bool Q8 = F == QuantFormat::kQ8_0, Q5 = kLayout.fifth >= 0;
   constexpr int kRegs = Q8 ? 8 : 4;
-  const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
-  __m512i lo[kRegs], hi[kRegs];  // Q8_0: the weights + 128 (XOR 0x80); Q4_0: low nibbles, high nibbles times 16
+  const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(header)));
+  // Q8_0: the weights + 128 (XOR 0x80); Q4: low nibbles, high nibbles times 16; Q5: both with their fifth bit
+  __m512i lo[kRegs], hi[kRegs];
+  const __m512i low = _mm512_set1_epi8(0x0f);
   TP_UNROLL for (int k = 0; k < kRegs; ++k) {
     const __m512i v = _mm512_loadu_si512(quants + 64 * k);
-    lo[k] = Q8 ? _mm512_xor_si512(v, _mm512_set1_epi8(-128)) : _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
-    hi[k] = Q8 ? v : _mm512_and_si512(v, _mm512_set1_epi8(static_cast<char>(0xf0)));
+    if constexpr (Q8) {
+      lo[k] = _mm512_xor_si512(v, _mm512_set1_epi8(-128));
+    } else if constexpr (Q5) {
+      const __m512i qh = _mm512_loadu_si512(header + 16 * kLayout.fifth), sixteen = _mm512_set1_epi8(16);
+      lo[k] = _mm512_mask_add_epi8(_mm512_and_si512(v, low), fifth_bits(qh, k), _mm512_and_si512(v, low), sixteen);
+      const __m512i h = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      hi[k] = _mm512_mask_add_epi8(h, fifth_bits(qh, 4 + k), h, sixteen);
+    } else {
+      lo[k] = _mm512_and_si512(v, low);
+      hi[k] = _mm512_and_si512(v, _mm512_set1_epi8(static_cast<char>(0xf0)));
+    }
   }
   TP_UNROLL for (int t = 0; t < TT; ++t) {
     const int64_t at = t * x.blocks + b;
@@ -503,13 +526,13 @@ TP_AVX512 inline void decode_block16(const uint8_t* scales, const uint8_t* quant
         s0 = _mm512_dpbusd_epi32(s0, lo[k], broadcast_word(xq + 4 * k));
         s1 = _mm512_dpbusd_epi32(s1, hi[k], broadcast_word(xq + 16 + 4 * k));
       }
-      s1 = _mm512_srai_epi32(s1, 4);  // exact: every product of a high nibble carries a factor 16
+      if (!Q5) s1 = _mm512_srai_epi32(s1, 4);  // exact: every product of a high nibble carries a factor 16
     }
     const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(x.d[at]));
     acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), scale, acc[t]);
   }
-  if constexpr (F == QuantFormat::kQ4_1) {
-    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + 32)));
+  if constexpr (kLayout.stored_b) {
+    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(header + 32)));
     TP_UNROLL for (int t = 0; t < TT; ++t) acc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(x.x_sum[t * x.blocks + b]), acc[t]);
   }
 }
@@ -911,10 +934,12 @@ at::Tensor linear_avx512(QuantFormat format, QuantLayout layout, const float* sr
                                             row_end, y, bias);
           break;
         case QuantFormat::kQ5_0:
-          decode_rows_avx512<QuantFormat::kQ5_0>(w, row_bytes, blocks, paired, tokens, row_begin, row_end, y, out_features, bias);
+          decode_avx512<QuantFormat::kQ5_0>(w, row_bytes, out_features, grouped_rows, x, paired, tokens, row_begin,
+                                            row_end, y, bias);
           break;
         case QuantFormat::kQ5_1:
-          decode_rows_avx512<QuantFormat::kQ5_1>(w, row_bytes, blocks, paired, tokens, row_begin, row_end, y, out_features, bias);
+          decode_avx512<QuantFormat::kQ5_1>(w, row_bytes, out_features, grouped_rows, x, paired, tokens, row_begin,
+                                            row_end, y, bias);
           break;
         default: break;
       }
@@ -953,13 +978,13 @@ at::Tensor linear_avx2(QuantFormat format, QuantLayout layout, const float* src,
   });
   constexpr int64_t kRows = block::kGroupRows;
   const int64_t grouped_rows = layout == QuantLayout::kRows16 ? out_features / kRows * kRows : 0;
-  // The kRows16 kernel multiplies Q4_0's nibbles unsigned (offset 8), Q8_0's weights signed, and
-  // adds Q4_1's stored offset times d_x sum(x_q).
+  // The kRows16 kernel multiplies Q8_0's weights signed, the others' unsigned (Q4_0's offset 8 and
+  // Q5_0's 16 taken off through init), and adds a stored offset m times d_x sum(x_q).
+  const block::Layout32 block_layout = block::layout32(format);
+  const int32_t offset = format == QuantFormat::kQ8_0 ? 0 : block_layout.offset;
   std::vector<int32_t> init(grouped_rows > 0 ? tokens * blocks : 0);
-  std::vector<float> x_sums(grouped_rows > 0 && format == QuantFormat::kQ4_1 ? tokens * blocks : 0);
-  if (format == QuantFormat::kQ4_0) {
-    for (std::size_t i = 0; i < init.size(); ++i) init[i] = -8 * sums[i];
-  }
+  std::vector<float> x_sums(grouped_rows > 0 && block_layout.stored_b ? tokens * blocks : 0);
+  for (std::size_t i = 0; i < init.size(); ++i) init[i] = -offset * sums[i];
   for (std::size_t i = 0; i < x_sums.size(); ++i) x_sums[i] = d[i] * static_cast<float>(sums[i]);
   const RowTokens grouped{blocks, q.data(), d.data(), init.data(), x_sums.data()};
   std::vector<QuantizedRow> rows(tokens);

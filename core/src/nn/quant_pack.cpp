@@ -23,10 +23,12 @@ namespace {
 /// visit(offset in the GGUF row, offset in the group, bytes) for every piece of row `r` of a kRows16 group.
 template <class Visit>
 void for_row_pieces(QuantFormat format, int64_t r, int64_t blocks, const Visit& visit) {
-  const int64_t bytes = block_bytes(format), header = header_bytes(format);
+  const Layout32 layout = layout32(format);
+  const int64_t bytes = layout.bytes, header = layout.quants, halves = layout.fifth >= 0 ? layout.fifth : header;
   for (int64_t b = 0; b < blocks; ++b) {
     const Rows16Block at = rows16_block(b, blocks, bytes, header);
-    for (int64_t f = 0; f < header / 2; ++f) visit(b * bytes + 2 * f, at.scales + 32 * f + 2 * r, 2);  // fp16 fields
+    for (int64_t s = 0; s < halves; s += 2) visit(b * bytes + s, at.scales + 16 * s + 2 * r, 2);  // fp16 d, m
+    if (layout.fifth >= 0) visit(b * bytes + layout.fifth, at.scales + 16 * layout.fifth + 4 * r, 4);
     for (int64_t k = 0; k < (bytes - header) / 4; ++k) visit(b * bytes + header + 4 * k, at.quants + 64 * k + 4 * r, 4);
   }
 }
@@ -40,7 +42,7 @@ void copy_row_to_group(QuantFormat format, const uint8_t* row, int64_t r, int64_
 // uint8 [..., rows, whole blocks], contiguous, or an error naming `name`.
 void check_blocks(QuantFormat format, const at::Tensor& t, const std::string& name) {
   if (!has_rows16(format)) {
-    throw InputError(fmt::format("tensor '{}': only q8_0, q4_0 and q4_1 blocks are laid out as kRows16, not {}", name,
+    throw InputError(fmt::format("tensor '{}': only blocks of 32 weights (q8_0, q4_0, q4_1, q5_0, q5_1) are laid out as kRows16, not {}", name,
                                  format_name(format)));
   }
   if (t.scalar_type() != at::kByte || t.dim() < 2 || t.size(-1) % block_bytes(format) != 0) {

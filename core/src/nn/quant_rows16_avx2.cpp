@@ -1,4 +1,4 @@
-// kRows16 weights (nn/quant.h) multiplied with AVX2: decoding and prefill, Q8_0, Q4_0 and Q4_1.
+// kRows16 weights (nn/quant.h) multiplied with AVX2: decoding and prefill, every 32-weight format.
 //
 // A kRows16 register k of a block holds, in 32-bit lane i, bytes 4k..4k+3 of row i's quants; its two
 // 256-bit halves are rows 0-7 and 8-15 of the group. So with AVX2 as with AVX-512 each lane is one
@@ -10,6 +10,9 @@
 //         up in int16 (30480) before one madd widens them; the offset 8 enters as -8 sum(x_q).
 //   Q4_1  the same nibbles; its stored offset m enters per block as m d_x sum(x_q), one multiply-add
 //         by the 8 rows' m.
+//   Q5_0, Q5_1  the nibbles with each weight's fifth bit (16) or'ed in, spread from the rows' 32-bit
+//         words of fifth bits by a byte shuffle and a compare; values up to 31, so the int16 sums are
+//         widened twice a block. Offset 16 (Q5_0) or m (Q5_1) as above.
 //   Q8_0  w + 128 would saturate; the signed weight's magnitude times x carrying its sign (the sign
 //         trick) is w x exactly, widened every multiply. The weights are kept signed for this: an
 //         XOR per load cost decoding 5-10 %.
@@ -62,21 +65,36 @@ TP_AVX2 inline float max_lanes(__m256 v) {
   return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
 }
 
-/// Block b of H halves of a group (half h's 8 scales at scales + 16 h, Q4_1's 8 offsets 32 bytes
-/// further, its register k at quants + 64 k + 32 h) times tokens [0, TT), added to acc[h][t]. Each
-/// activation word is broadcast once for the H halves.
+/// Bytes 0x10 where the fifth bit of weight 4 n + j (j = 0..3 the byte of a lane) is set in `qh`
+/// (8 rows' 32 fifth bits, one row a lane): byte n / 2 of each lane spread over the lane's 4 bytes,
+/// then one bit of nibble n % 2 tested per byte.
+TP_AVX2 inline __m256i fifth_bits(__m256i qh, int n) {
+  const char s = static_cast<char>(n / 2);
+  const __m256i spread = _mm256_shuffle_epi8(
+      qh, _mm256_setr_epi8(s, s, s, s, 4 + s, 4 + s, 4 + s, 4 + s, 8 + s, 8 + s, 8 + s, 8 + s, 12 + s, 12 + s, 12 + s,
+                           12 + s, s, s, s, s, 4 + s, 4 + s, 4 + s, 4 + s, 8 + s, 8 + s, 8 + s, 8 + s, 12 + s, 12 + s,
+                           12 + s, 12 + s));
+  const __m256i bit = _mm256_set1_epi32(n % 2 ? static_cast<int>(0x80402010) : 0x08040201);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+/// Block b of halves h0 .. h0 + H - 1 of a group (header: the block's; half h's 8 d at header + 16 h,
+/// Q4_1's and Q5_1's m 32 bytes further, Q5's fifth bits at header + 16 fifth + 32 h; its register k
+/// at quants + 64 k + 32 (h - h0)) times tokens [0, TT), added to acc[h - h0][t]. Each activation
+/// word is broadcast once for the H halves.
 template <QuantFormat F, int TT, int H>
-TP_AVX2 inline void block_halves(const uint8_t* scales, const uint8_t* quants, int64_t b, const RowTokens& x,
+TP_AVX2 inline void block_halves(const uint8_t* header, int h0, const uint8_t* quants, int64_t b, const RowTokens& x,
                                  __m256 (*acc)[TT]) {
-  constexpr bool Q8 = F == QuantFormat::kQ8_0;
+  constexpr block::Layout32 kLayout = block::layout32(F);
+  constexpr bool Q8 = F == QuantFormat::kQ8_0, Q5 = kLayout.fifth >= 0;
   const __m256i ones = _mm256_set1_epi16(1);
   const int8_t* xq[TT];
   TP_UNROLL for (int t = 0; t < TT; ++t) xq[t] = x.q + (t * x.blocks + b) * kBlock;
   __m256i sums[H][TT];
+  TP_UNROLL for (int h = 0; h < H; ++h) {
+    TP_UNROLL for (int t = 0; t < TT; ++t) sums[h][t] = _mm256_setzero_si256();
+  }
   if constexpr (Q8) {
-    TP_UNROLL for (int h = 0; h < H; ++h) {
-      TP_UNROLL for (int t = 0; t < TT; ++t) sums[h][t] = _mm256_setzero_si256();
-    }
     TP_UNROLL for (int k = 0; k < 8; ++k) {
       __m256i xk[TT];
       TP_UNROLL for (int t = 0; t < TT; ++t) xk[t] = broadcast_word(xq[t] + 4 * k);
@@ -90,39 +108,55 @@ TP_AVX2 inline void block_halves(const uint8_t* scales, const uint8_t* quants, i
       }
     }
   } else {
-    __m256i pairs[H][TT];
-    TP_UNROLL for (int h = 0; h < H; ++h) {
-      TP_UNROLL for (int t = 0; t < TT; ++t) pairs[h][t] = _mm256_setzero_si256();
+    // Nibbles: 16 products an int16 fit (30480); with the fifth bit (up to 31) only 8, so Q5 widens
+    // after every two registers.
+    constexpr int kWiden = Q5 ? 2 : 4;
+    __m256i qh[H];
+    if constexpr (Q5) {
+      TP_UNROLL for (int h = 0; h < H; ++h) {
+        qh[h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(header + 16 * kLayout.fifth + 32 * (h0 + h)));
+      }
     }
     const __m256i low = _mm256_set1_epi8(0x0f);
-    TP_UNROLL for (int k = 0; k < 4; ++k) {
-      __m256i x_lo[TT], x_hi[TT];
-      TP_UNROLL for (int t = 0; t < TT; ++t) {
-        x_lo[t] = broadcast_word(xq[t] + 4 * k);
-        x_hi[t] = broadcast_word(xq[t] + 16 + 4 * k);
-      }
+    TP_UNROLL for (int k0 = 0; k0 < 4; k0 += kWiden) {
+      __m256i pairs[H][TT];
       TP_UNROLL for (int h = 0; h < H; ++h) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + 64 * k + 32 * h));
-        const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        TP_UNROLL for (int t = 0; t < TT; ++t) pairs[h][t] = _mm256_setzero_si256();
+      }
+      TP_UNROLL for (int k = k0; k < k0 + kWiden; ++k) {
+        __m256i x_lo[TT], x_hi[TT];
         TP_UNROLL for (int t = 0; t < TT; ++t) {
-          pairs[h][t] = _mm256_add_epi16(pairs[h][t], _mm256_maddubs_epi16(lo, x_lo[t]));
-          pairs[h][t] = _mm256_add_epi16(pairs[h][t], _mm256_maddubs_epi16(hi, x_hi[t]));
+          x_lo[t] = broadcast_word(xq[t] + 4 * k);
+          x_hi[t] = broadcast_word(xq[t] + 16 + 4 * k);
+        }
+        TP_UNROLL for (int h = 0; h < H; ++h) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + 64 * k + 32 * h));
+          __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+          if constexpr (Q5) {
+            lo = _mm256_or_si256(lo, fifth_bits(qh[h], k));
+            hi = _mm256_or_si256(hi, fifth_bits(qh[h], 4 + k));
+          }
+          TP_UNROLL for (int t = 0; t < TT; ++t) {
+            pairs[h][t] = _mm256_add_epi16(pairs[h][t], _mm256_maddubs_epi16(lo, x_lo[t]));
+            pairs[h][t] = _mm256_add_epi16(pairs[h][t], _mm256_maddubs_epi16(hi, x_hi[t]));
+          }
         }
       }
-    }
-    TP_UNROLL for (int h = 0; h < H; ++h) {
-      TP_UNROLL for (int t = 0; t < TT; ++t) sums[h][t] = _mm256_madd_epi16(pairs[h][t], ones);
+      TP_UNROLL for (int h = 0; h < H; ++h) {
+        TP_UNROLL for (int t = 0; t < TT; ++t) sums[h][t] = _mm256_add_epi32(sums[h][t], _mm256_madd_epi16(pairs[h][t], ones));
+      }
     }
   }
   TP_UNROLL for (int h = 0; h < H; ++h) {
-    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 16 * h)));
+    const uint8_t* d = header + 16 * (h0 + h);
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d)));
     TP_UNROLL for (int t = 0; t < TT; ++t) {
       const int64_t at = t * x.blocks + b;
       const __m256i total = _mm256_add_epi32(sums[h][t], _mm256_set1_epi32(x.init[at]));
       acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(dw, _mm256_set1_ps(x.d[at])), acc[h][t]);
     }
-    if constexpr (F == QuantFormat::kQ4_1) {
-      const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 32 + 16 * h)));
+    if constexpr (kLayout.stored_b) {
+      const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d + 32)));
       TP_UNROLL for (int t = 0; t < TT; ++t) acc[h][t] = _mm256_fmadd_ps(m, _mm256_set1_ps(x.x_sum[t * x.blocks + b]), acc[h][t]);
     }
   }
@@ -141,7 +175,7 @@ TP_AVX2 void group_pass(const uint8_t* group, int h0, const RowTokens& x, float*
   }
   for (int64_t b = 0; b < x.blocks; ++b) {
     const block::Rows16Block at = block::rows16_block(b, x.blocks, bytes, header);
-    block_halves<F, TT, H>(group + at.scales + 16 * h0, group + at.quants + 32 * h0, b, x, acc);
+    block_halves<F, TT, H>(group + at.scales, h0, group + at.quants + 32 * h0, b, x, acc);
   }
   TP_UNROLL for (int h = 0; h < H; ++h) {
     const int64_t row = 8 * (h0 + h);
@@ -206,6 +240,8 @@ void product_avx2(QuantFormat format, const uint8_t* w, int64_t row_bytes, const
     case QuantFormat::kQ8_0: product<QuantFormat::kQ8_0>(w, row_bytes, x, tokens, row_begin, row_end, y, out_features, bias); break;
     case QuantFormat::kQ4_0: product<QuantFormat::kQ4_0>(w, row_bytes, x, tokens, row_begin, row_end, y, out_features, bias); break;
     case QuantFormat::kQ4_1: product<QuantFormat::kQ4_1>(w, row_bytes, x, tokens, row_begin, row_end, y, out_features, bias); break;
+    case QuantFormat::kQ5_0: product<QuantFormat::kQ5_0>(w, row_bytes, x, tokens, row_begin, row_end, y, out_features, bias); break;
+    case QuantFormat::kQ5_1: product<QuantFormat::kQ5_1>(w, row_bytes, x, tokens, row_begin, row_end, y, out_features, bias); break;
     default: break;  // no kRows16 layout
   }
 }

@@ -65,20 +65,22 @@ enum class QuantLayout {
             ///< 16 rows (below); rows past the last whole group stay as kBlocks rows at the end
 };
 
-// kRows16 (Q8_0, Q4_0 and Q4_1), per group of 16 rows and per pair of blocks (2p, 2p + 1) of those rows:
-//   [block 2p's header: the 16 rows' fp16 d (32 bytes), Q4_1's 16 m after them][block 2p + 1's header]
-//   [block 2p's quants: register k (64 bytes), lane i = row i's quant bytes 4k..4k+3]   Q8_0 512, Q4_x 256
+// kRows16 (the 32-weight formats), per group of 16 rows and per pair of blocks (2p, 2p + 1) of them:
+//   [block 2p's header: the 16 rows' fp16 d (32 bytes), then their m (Q4_1, Q5_1; 32 bytes), then
+//    their 32-bit words of fifth bits (Q5_0, Q5_1; 64 bytes)][block 2p + 1's header]
+//   [block 2p's quants: register k (64 bytes), lane i = row i's quant bytes 4k..4k+3]   Q8_0 512, others 256
 //   [block 2p + 1's quants, the same way]
 // An odd last block is [its header][its quants]. Every byte is GGUF's (Q8_0's signed: AVX2's
 // sign trick takes them as they are, AVX-512 flips them to VNNI's unsigned w + 128 as they load; stored
 // flipped, AVX2's decoding ran 5-10 % slower for the extra XOR). A group is as long as its 16
 // rows were, so the tail rows sit where they were. A 256-bit half of each 64 bytes is 8 rows (AVX2).
 
-/// The layout quant_linear reads Q8_0, Q4_0 and Q4_1 fastest with the kernel it runs now
+/// The layout quant_linear reads the 32-weight formats fastest with the kernel it runs now
 /// (active_quant_kernel): kRows16 with kAvx512 and kAvx2, kBlocks with kScalar; kBlocks while a
 /// GgufBlocksOnly is alive on this thread.
 TORCHPATCH_API QuantLayout preferred_quant_layout();
-/// The layout for `format`: preferred_quant_layout() for Q8_0, Q4_0 and Q4_1, kBlocks for the others.
+/// The layout for `format`: preferred_quant_layout() for the 32-weight formats (Q8_0, Q4_0, Q4_1, Q5_0,
+/// Q5_1), kBlocks for the K-quants.
 TORCHPATCH_API QuantLayout preferred_quant_layout(QuantFormat format);
 
 /// While alive on a thread, preferred_quant_layout() answers kBlocks there: a model built and loaded
@@ -92,7 +94,7 @@ class TORCHPATCH_API GgufBlocksOnly {
 };
 
 /// `blocks` (kBlocks) [..., rows, whole blocks] rearranged into kRows16; refuses, naming `name`, a tensor
-/// that is not uint8 rows of whole blocks, and a format other than Q8_0, Q4_0 and Q4_1.
+/// that is not uint8 rows of whole blocks, and a K-quant.
 TORCHPATCH_API at::Tensor pack_blocks(QuantFormat format, const at::Tensor& blocks, const std::string& name);
 
 /// The inverse of pack_blocks: kRows16 back to GGUF's kBlocks, byte for byte.
@@ -133,7 +135,7 @@ TORCHPATCH_API std::optional<QuantKernel> parse_quant_kernel(const std::string& 
 /// rows (float rounding apart, the same result); the scalar kernel reads an unpacked copy. A token's
 /// outputs do not depend on how many tokens share the product, except with AVX-512 on GGUF rows
 /// (decoding's pair kernel and prefill's tiles add in different orders).
-/// The formats read from GGUF files (Q4_1 ... Q6_K, CPU only; kBlocks, Q4_1 kRows16 too): decoding's
+/// The formats read from GGUF files (Q4_1 ... Q6_K, CPU only; kBlocks, the 32-weight ones kRows16 too): decoding's
 /// 1-3 tokens of the 32-weight ones (Q4_1, Q5_0, Q5_1) quantize the activations as Q8_0 and Q4_0 do,
 /// with the same kernels; 4 tokens and more, and the K-quants, multiply each weight row dequantized
 /// once in cache with the float32 activations: the dequantized product within float rounding
