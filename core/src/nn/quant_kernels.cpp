@@ -19,6 +19,8 @@
 //              and the sums need no shuffles. Decoding takes the tokens (fewer than 4) in one pass;
 //              prefill 8 at a time while the group's blocks stay in cache, with the same arithmetic
 //              per token, so a token's outputs do not depend on how many tokens share the product.
+//              Q4_1, Q5_0 and Q5_1 (decoding only) the same way, Q5's fifth bits added to the nibbles
+//              under a mask, a stored offset m by one multiply-add per block.
 //     GGUF rows  decode: two blocks per 512-bit register (lanes 0-7 one block, 8-15 the next), one row
 //              after another; per pair of blocks one convert and one multiply-add by the two scales;
 //              one token's rows summed 16 at a time. Every 32-weight format.
@@ -504,8 +506,8 @@ TP_AVX512 inline void decode_block16(const uint8_t* header, const uint8_t* quant
       lo[k] = _mm512_xor_si512(v, _mm512_set1_epi8(-128));
     } else if constexpr (Q5) {
       const __m512i qh = _mm512_loadu_si512(header + 16 * kLayout.fifth), sixteen = _mm512_set1_epi8(16);
-      lo[k] = _mm512_mask_add_epi8(_mm512_and_si512(v, low), fifth_bits(qh, k), _mm512_and_si512(v, low), sixteen);
-      const __m512i h = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      const __m512i l = _mm512_and_si512(v, low), h = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      lo[k] = _mm512_mask_add_epi8(l, fifth_bits(qh, k), l, sixteen);
       hi[k] = _mm512_mask_add_epi8(h, fifth_bits(qh, 4 + k), h, sixteen);
     } else {
       lo[k] = _mm512_and_si512(v, low);
