@@ -4,6 +4,7 @@
 #include "test_prelude.h"
 #include "test_util.h"
 #include "cli_util.h"
+#include "random_blocks.h"
 
 #include <cstring>
 #include <fstream>
@@ -653,4 +654,71 @@ TEST_CASE("GGUF: Q8_0 and Q4_0 projections load as the file's blocks and run as 
     std::filesystem::remove(file);
     std::filesystem::remove(again);
   }
+}
+
+TEST_CASE("GGUF: Q4_1, Q5_0 and Q5_1 projections run from kRows16 as from the file's rows, and save back byte for byte",
+          "[gguf][quant]") {
+  // tiny-llama saved with Q8_0 projections, each then replaced by random blocks of the format: the
+  // file's projections are the format's blocks, loaded into the layout the kernel reads.
+  static PluginHost host;  // the quantized plugin multiplies the blocks
+  static const bool loaded = (host.load_directory(TORCHPATCH_BUNDLED_PLUGIN_DIR, PluginMode::Catalogue), true);
+  (void)loaded;
+  at::manual_seed(31);
+  const auto q8 = testutil::temp_file("tiny_q8_for_gguf_formats.gguf");
+  REQUIRE(testutil::torchpatch_cli("save --preset tiny-llama --quantize q8_0 --format gguf --output " + q8.string()).code == 0);
+  const auto source = GgufFile::open(q8);
+  for (const auto format : {nn::QuantFormat::kQ4_1, nn::QuantFormat::kQ5_0, nn::QuantFormat::kQ5_1}) {
+    INFO(nn::format_name(format));
+    std::vector<GgufTensorToWrite> tensors;
+    int replaced = 0;
+    for (const auto& t : source->tensors()) {
+      auto shape = t.shape();
+      if (t.type == nn::GgmlType::Q8_0 && shape.size() == 2 && t.name.find("token_embd") == std::string::npos) {
+        tensors.push_back({t.name, nn::ggml_type(format), shape, testutil::random_blocks(format, shape[0], shape[1])});
+        ++replaced;
+      } else {
+        tensors.push_back({t.name, t.type, shape, source->raw(t.name)});
+      }
+    }
+    REQUIRE(replaced > 0);
+    const auto file = testutil::temp_file(std::string("tiny_") + nn::format_name(format) + ".gguf");
+    save_gguf(file, source->metadata(), tensors);
+    // Logits for 3 tokens (the integer kernels) and 6 (the float path) with every vector kernel this
+    // CPU has, each on kRows16, against the scalar kernel on the file's rows: float rounding apart, the same.
+    const auto logits = [&](nn::QuantKernel kernel, int64_t tokens) {
+      const auto previous = nn::set_quant_kernel(kernel);
+      const auto model = from_pretrained(file);
+      at::NoGradGuard no_grad;
+      ModelInputs in;
+      in.input_ids = at::arange(1, 1 + tokens, at::kLong).unsqueeze(0);
+      const auto out = model->forward(in).logits;
+      nn::set_quant_kernel(previous);
+      return out;
+    };
+    // Bound: 1e-3 of the largest logit, loose enough for an activation that the 8-bit quantization of
+    // a later layer rounds the other way after a different float rounding upstream; a misplaced
+    // scale, offset or fifth bit moves logits by their own size.
+    for (const int64_t tokens : {3, 6}) {
+      const auto rows = logits(nn::QuantKernel::kScalar, tokens);
+      const double bound = 1e-3 * rows.abs().max().item<double>();
+      for (const auto kernel : {nn::QuantKernel::kAvx2, nn::QuantKernel::kAvx512}) {
+        if (!nn::quant_kernel_available(kernel)) continue;
+        const auto name = std::string(nn::format_name(format)) + " " + nn::quant_kernel_name(kernel) + " " +
+                          std::to_string(tokens) + " tokens";
+        CHECK(testutil::close(name, logits(kernel, tokens), rows, {}, bound, 0));
+      }
+    }
+    // Saved from the packed model, the blocks are the file's bytes.
+    const auto again = testutil::temp_file(std::string("tiny_") + nn::format_name(format) + "_again.gguf");
+    REQUIRE(testutil::torchpatch_cli("save --model " + file.string() + " --format gguf --output " + again.string()).code == 0);
+    const auto a = GgufFile::open(file), b = GgufFile::open(again);
+    for (const auto& t : a->tensors()) {
+      INFO(t.name);
+      CHECK(b->find(t.name)->type == t.type);
+      CHECK(at::equal(a->raw(t.name), b->raw(t.name)));
+    }
+    std::filesystem::remove(file);
+    std::filesystem::remove(again);
+  }
+  std::filesystem::remove(q8);
 }

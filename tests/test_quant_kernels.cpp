@@ -14,6 +14,7 @@
 #include "torchpatch/error.h"
 #include "torchpatch/nn/linear.h"
 #include "torchpatch/nn/quant.h"
+#include "random_blocks.h"
 
 using Catch::Matchers::Contains;
 using torchpatch::nn::QuantFormat;
@@ -48,26 +49,6 @@ at::Tensor allowed_error(const at::Tensor& x, const at::Tensor& w) {
 bool resolves_to_vector(QuantKernel kernel) {
   KernelChoice choice(kernel);
   return torchpatch::nn::active_quant_kernel() != QuantKernel::kScalar;
-}
-
-// Random blocks of a GGUF format: random bytes with every fp16 scale set to a small finite value.
-at::Tensor random_blocks(QuantFormat format, int64_t rows, int64_t in) {
-  const int64_t bytes = torchpatch::nn::block_bytes(format), blocks = in / torchpatch::nn::block_weights(format);
-  auto t = at::randint(0, 256, {rows, blocks, bytes}, at::kByte);
-  std::vector<int64_t> scales;  // byte offsets of the fp16 fields in a block
-  switch (format) {
-    case QuantFormat::kQ4_1: case QuantFormat::kQ5_1: case QuantFormat::kQ4_K: case QuantFormat::kQ5_K: scales = {0, 2}; break;
-    case QuantFormat::kQ5_0: case QuantFormat::kQ8_0: case QuantFormat::kQ4_0: scales = {0}; break;
-    case QuantFormat::kQ2_K: scales = {80, 82}; break;
-    case QuantFormat::kQ3_K: scales = {108}; break;
-    case QuantFormat::kQ6_K: scales = {208}; break;
-    default: FAIL("not a GGUF-only format");
-  }
-  for (const int64_t at : scales) {
-    const auto values = (at::rand({rows, blocks}) * 0.01 + 0.001).to(at::kHalf).view(at::kByte);
-    t.narrow(2, at, 2).copy_(values.reshape({rows, blocks, 2}));
-  }
-  return t.reshape({rows, blocks * bytes});
 }
 
 }  // namespace
@@ -130,7 +111,7 @@ TEST_CASE("a token's outputs from kRows16 weights do not depend on how many toke
     // The formats only read from GGUF files take the float path for 4 tokens and more; 1-3 tokens
     // share the kRows16 kernel.
     const bool written = torchpatch::nn::quantizes_to(format);
-    const auto blocks = written ? torchpatch::nn::quantize(format, at::randn({rows, in}), "w") : random_blocks(format, rows, in);
+    const auto blocks = written ? torchpatch::nn::quantize(format, at::randn({rows, in}), "w") : testutil::random_blocks(format, rows, in);
     const auto packed = torchpatch::nn::pack_blocks(format, blocks, "w");
     const auto bias = at::randn({rows});
     const auto x = at::randn({written ? 21 : 3, in});
@@ -296,7 +277,7 @@ TEST_CASE("products with GGUF's other block formats equal the float product of t
     for (const int64_t in : {weights, 3 * weights, 8 * weights}) {
       for (const int64_t rows : {1, 17, 70}) {
         for (const int64_t tokens : {1, 2, 3, 5, 17}) {
-          const auto blocks = random_blocks(format, rows, in);
+          const auto blocks = testutil::random_blocks(format, rows, in);
           const auto dense = torchpatch::nn::dequantize(format, blocks, "w");
           const auto x = at::randn({tokens, in});
           const auto bias = rows % 2 ? at::randn({rows}) : at::Tensor();
@@ -331,7 +312,7 @@ TEST_CASE("products with GGUF's other block formats equal the float product of t
   // They are read, not written; and a product on a GPU is refused before anything runs.
   CHECK_THROWS_WITH(torchpatch::nn::quantize(QuantFormat::kQ4_K, at::randn({2, 256}), "w"),
                     Contains("q4_k blocks are read from GGUF files, not written"));
-  CHECK_THROWS_WITH(torchpatch::nn::quant_linear(QuantFormat::kQ6_K, at::randn({1, 200}), random_blocks(QuantFormat::kQ6_K, 2, 256), 2),
+  CHECK_THROWS_WITH(torchpatch::nn::quant_linear(QuantFormat::kQ6_K, at::randn({1, 200}), testutil::random_blocks(QuantFormat::kQ6_K, 2, 256), 2),
                     Contains("a multiple of 256"));
 }
 
@@ -341,7 +322,7 @@ TEST_CASE("a Linear whose weight was dequantized from blocks decodes from them, 
   at::NoGradGuard no_grad;
   for (const auto format : {QuantFormat::kQ8_0, QuantFormat::kQ4_0, QuantFormat::kQ4_1, QuantFormat::kQ6_K}) {
     const int64_t in = 3 * torchpatch::nn::block_weights(format), rows = 37;
-    const auto blocks = random_blocks(format, rows, in);
+    const auto blocks = testutil::random_blocks(format, rows, in);
     torchpatch::nn::Linear linear(in, rows, /*bias=*/true);
     linear.weight.copy_(torchpatch::nn::dequantize(format, blocks, "w"));
     REQUIRE(linear.decode_from_blocks(format, blocks));

@@ -34,6 +34,8 @@ namespace {
 
 #define TP_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define TP_UNROLL _Pragma("GCC unroll 16")
+// The block's helpers must inline: their sums and accumulators are arrays that have to stay in registers.
+#define TP_INLINE inline __attribute__((always_inline))
 
 constexpr int64_t kBlock = kQuantBlockSize;
 constexpr int kTokens = 4;  // prefill's tokens per pass over a group
@@ -68,7 +70,7 @@ TP_AVX2 inline float max_lanes(__m256 v) {
 /// Bytes 0x10 where the fifth bit of weight 4 n + j (j = 0..3 the byte of a lane) is set in `qh`
 /// (8 rows' 32 fifth bits, one row a lane): byte n / 2 of each lane spread over the lane's 4 bytes,
 /// then one bit of nibble n % 2 tested per byte.
-TP_AVX2 inline __m256i fifth_bits(__m256i qh, int n) {
+TP_AVX2 TP_INLINE __m256i fifth_bits(__m256i qh, int n) {
   const char s = static_cast<char>(n / 2);
   const __m256i spread = _mm256_shuffle_epi8(
       qh, _mm256_setr_epi8(s, s, s, s, 4 + s, 4 + s, 4 + s, 4 + s, 8 + s, 8 + s, 8 + s, 8 + s, 12 + s, 12 + s, 12 + s,
@@ -78,74 +80,85 @@ TP_AVX2 inline __m256i fifth_bits(__m256i qh, int n) {
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
 }
 
+/// Q8_0's int32 sums of one block for H halves x TT tokens: the signed weights' magnitudes times the
+/// activations carrying the weights' signs (the sign trick), widened every multiply.
+template <int TT, int H>
+TP_AVX2 TP_INLINE void q8_sums(const uint8_t* quants, const int8_t* const* xq, __m256i (*sums)[TT]) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  TP_UNROLL for (int k = 0; k < 8; ++k) {
+    __m256i xk[TT];
+    TP_UNROLL for (int t = 0; t < TT; ++t) xk[t] = broadcast_word(xq[t] + 4 * k);
+    TP_UNROLL for (int h = 0; h < H; ++h) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + 64 * k + 32 * h));
+      const __m256i magnitude = _mm256_sign_epi8(w, w);  // -128 stays 0x80: 128 unsigned
+      TP_UNROLL for (int t = 0; t < TT; ++t) {
+        const __m256i products = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(xk[t], w));
+        sums[h][t] = _mm256_add_epi32(sums[h][t], _mm256_madd_epi16(products, ones));
+      }
+    }
+  }
+}
+
+/// The nibble formats' int32 sums of one block (Q5's fifth bits or'ed in from qh[h]): 16 products of
+/// nibbles fit an int16 (30480), only 8 of 5-bit values, so Q5 widens after every two registers.
+template <bool Q5, int TT, int H>
+TP_AVX2 TP_INLINE void nibble_sums(const uint8_t* quants, const __m256i* qh, const int8_t* const* xq, __m256i (*sums)[TT]) {
+  constexpr int kWiden = Q5 ? 2 : 4;
+  const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0f);
+  TP_UNROLL for (int k0 = 0; k0 < 4; k0 += kWiden) {
+    __m256i pairs[H][TT];
+    TP_UNROLL for (int h = 0; h < H; ++h) {
+      TP_UNROLL for (int t = 0; t < TT; ++t) pairs[h][t] = _mm256_setzero_si256();
+    }
+    TP_UNROLL for (int k = k0; k < k0 + kWiden; ++k) {
+      __m256i x_lo[TT], x_hi[TT];
+      TP_UNROLL for (int t = 0; t < TT; ++t) {
+        x_lo[t] = broadcast_word(xq[t] + 4 * k);
+        x_hi[t] = broadcast_word(xq[t] + 16 + 4 * k);
+      }
+      TP_UNROLL for (int h = 0; h < H; ++h) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + 64 * k + 32 * h));
+        __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        if constexpr (Q5) {
+          lo = _mm256_or_si256(lo, fifth_bits(qh[h], k));
+          hi = _mm256_or_si256(hi, fifth_bits(qh[h], 4 + k));
+        }
+        TP_UNROLL for (int t = 0; t < TT; ++t) {
+          pairs[h][t] = _mm256_add_epi16(pairs[h][t], _mm256_maddubs_epi16(lo, x_lo[t]));
+          pairs[h][t] = _mm256_add_epi16(pairs[h][t], _mm256_maddubs_epi16(hi, x_hi[t]));
+        }
+      }
+    }
+    TP_UNROLL for (int h = 0; h < H; ++h) {
+      TP_UNROLL for (int t = 0; t < TT; ++t) sums[h][t] = _mm256_add_epi32(sums[h][t], _mm256_madd_epi16(pairs[h][t], ones));
+    }
+  }
+}
+
 /// Block b of halves h0 .. h0 + H - 1 of a group (header: the block's; half h's 8 d at header + 16 h,
 /// Q4_1's and Q5_1's m 32 bytes further, Q5's fifth bits at header + 16 fifth + 32 h; its register k
 /// at quants + 64 k + 32 (h - h0)) times tokens [0, TT), added to acc[h - h0][t]. Each activation
 /// word is broadcast once for the H halves.
 template <QuantFormat F, int TT, int H>
-TP_AVX2 inline void block_halves(const uint8_t* header, int h0, const uint8_t* quants, int64_t b, const RowTokens& x,
+TP_AVX2 TP_INLINE void block_halves(const uint8_t* header, int h0, const uint8_t* quants, int64_t b, const RowTokens& x,
                                  __m256 (*acc)[TT]) {
   constexpr block::Layout32 kLayout = block::layout32(F);
-  constexpr bool Q8 = F == QuantFormat::kQ8_0, Q5 = kLayout.fifth >= 0;
-  const __m256i ones = _mm256_set1_epi16(1);
   const int8_t* xq[TT];
   TP_UNROLL for (int t = 0; t < TT; ++t) xq[t] = x.q + (t * x.blocks + b) * kBlock;
   __m256i sums[H][TT];
   TP_UNROLL for (int h = 0; h < H; ++h) {
     TP_UNROLL for (int t = 0; t < TT; ++t) sums[h][t] = _mm256_setzero_si256();
   }
-  if constexpr (Q8) {
-    TP_UNROLL for (int k = 0; k < 8; ++k) {
-      __m256i xk[TT];
-      TP_UNROLL for (int t = 0; t < TT; ++t) xk[t] = broadcast_word(xq[t] + 4 * k);
-      TP_UNROLL for (int h = 0; h < H; ++h) {
-        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + 64 * k + 32 * h));
-        const __m256i magnitude = _mm256_sign_epi8(w, w);  // -128 stays 0x80: 128 unsigned
-        TP_UNROLL for (int t = 0; t < TT; ++t) {
-          const __m256i products = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(xk[t], w));
-          sums[h][t] = _mm256_add_epi32(sums[h][t], _mm256_madd_epi16(products, ones));
-        }
-      }
-    }
-  } else {
-    // Nibbles: 16 products an int16 fit (30480); with the fifth bit (up to 31) only 8, so Q5 widens
-    // after every two registers.
-    constexpr int kWiden = Q5 ? 2 : 4;
+  if constexpr (F == QuantFormat::kQ8_0) {
+    q8_sums<TT, H>(quants, xq, sums);
+  } else if constexpr (kLayout.fifth >= 0) {
     __m256i qh[H];
-    if constexpr (Q5) {
-      TP_UNROLL for (int h = 0; h < H; ++h) {
-        qh[h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(header + 16 * kLayout.fifth + 32 * (h0 + h)));
-      }
+    TP_UNROLL for (int h = 0; h < H; ++h) {
+      qh[h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(header + 16 * kLayout.fifth + 32 * (h0 + h)));
     }
-    const __m256i low = _mm256_set1_epi8(0x0f);
-    TP_UNROLL for (int k0 = 0; k0 < 4; k0 += kWiden) {
-      __m256i pairs[H][TT];
-      TP_UNROLL for (int h = 0; h < H; ++h) {
-        TP_UNROLL for (int t = 0; t < TT; ++t) pairs[h][t] = _mm256_setzero_si256();
-      }
-      TP_UNROLL for (int k = k0; k < k0 + kWiden; ++k) {
-        __m256i x_lo[TT], x_hi[TT];
-        TP_UNROLL for (int t = 0; t < TT; ++t) {
-          x_lo[t] = broadcast_word(xq[t] + 4 * k);
-          x_hi[t] = broadcast_word(xq[t] + 16 + 4 * k);
-        }
-        TP_UNROLL for (int h = 0; h < H; ++h) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + 64 * k + 32 * h));
-          __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-          if constexpr (Q5) {
-            lo = _mm256_or_si256(lo, fifth_bits(qh[h], k));
-            hi = _mm256_or_si256(hi, fifth_bits(qh[h], 4 + k));
-          }
-          TP_UNROLL for (int t = 0; t < TT; ++t) {
-            pairs[h][t] = _mm256_add_epi16(pairs[h][t], _mm256_maddubs_epi16(lo, x_lo[t]));
-            pairs[h][t] = _mm256_add_epi16(pairs[h][t], _mm256_maddubs_epi16(hi, x_hi[t]));
-          }
-        }
-      }
-      TP_UNROLL for (int h = 0; h < H; ++h) {
-        TP_UNROLL for (int t = 0; t < TT; ++t) sums[h][t] = _mm256_add_epi32(sums[h][t], _mm256_madd_epi16(pairs[h][t], ones));
-      }
-    }
+    nibble_sums<true, TT, H>(quants, qh, xq, sums);
+  } else {
+    nibble_sums<false, TT, H>(quants, nullptr, xq, sums);
   }
   TP_UNROLL for (int h = 0; h < H; ++h) {
     const uint8_t* d = header + 16 * (h0 + h);
